@@ -1,0 +1,19 @@
+//! Records which nginx build the module was compiled against. nginx-sys exports
+//! `DEP_NGINX_BUILD_DIR` only to its direct dependents, so this script is the one place that
+//! knows where the matching nginx binary is; `make build` copies it from
+//! `target/<profile>/nginx-build-dir`.
+
+fn main() {
+    println!("cargo::rerun-if-env-changed=DEP_NGINX_BUILD_DIR");
+    if let (Ok(dir), Ok(out)) = (std::env::var("DEP_NGINX_BUILD_DIR"), std::env::var("OUT_DIR")) {
+        // OUT_DIR is target/<profile>/build/<crate>-<hash>/out.
+        if let Some(profile_dir) = std::path::Path::new(&out).ancestors().nth(3) {
+            std::fs::write(profile_dir.join("nginx-build-dir"), dir)
+                .expect("writing target/<profile>/nginx-build-dir");
+        }
+    }
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+        println!("cargo::rustc-link-arg=-undefined");
+        println!("cargo::rustc-link-arg=dynamic_lookup");
+    }
+}

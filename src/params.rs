@@ -1,0 +1,84 @@
+//! Pure parsers for directive values, so that every accepted and rejected form has a unit test.
+
+/// Parses an nginx time value into milliseconds: `200ms`, `1s`, `1m`, `1h 30m`, or a bare number
+/// of seconds. Units follow `ngx_parse_time`: ms, s, m, h, d, w, M (30 days), y (365 days).
+pub fn parse_msec(value: &str) -> Option<u64> {
+    let mut total: u64 = 0;
+    let mut rest = value.trim_matches(' ');
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let scale: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "" | "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "w" => 7 * 86_400_000,
+            "M" => 30 * 86_400_000,
+            "y" => 365 * 86_400_000,
+            _ => return None,
+        };
+        total = total.checked_add(n.checked_mul(scale)?)?;
+        rest = rest[unit_len..].trim_start_matches(' ');
+    }
+    Some(total)
+}
+
+/// Parses a decimal integer within `min..=max`.
+pub fn parse_uint(value: &str, min: u64, max: u64) -> Option<u64> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok().filter(|n| (min..=max).contains(n))
+}
+
+/// Splits `name=value`; the value may itself contain `=`.
+pub fn split_param(arg: &str) -> Option<(&str, &str)> {
+    arg.split_once('=').filter(|(name, _)| !name.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_msec("200ms"), Some(200));
+        assert_eq!(parse_msec("1m"), Some(60_000));
+        assert_eq!(parse_msec("10"), Some(10_000));
+        assert_eq!(parse_msec("1h 30m"), Some(5_400_000));
+        assert_eq!(parse_msec("1h30m"), Some(5_400_000));
+        assert_eq!(parse_msec("2d"), Some(172_800_000));
+        assert_eq!(parse_msec("0"), Some(0));
+        for bad in ["", "ms", "5x", "-1s", "1.5s", "1 s x", "99999999999999999999y"] {
+            assert_eq!(parse_msec(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn uints() {
+        assert_eq!(parse_uint("100", 1, 1000), Some(100));
+        assert_eq!(parse_uint("0", 1, 1000), None);
+        assert_eq!(parse_uint("1001", 1, 1000), None);
+        assert_eq!(parse_uint("+5", 1, 1000), None);
+        assert_eq!(parse_uint("abc", 1, 1000), None);
+        assert_eq!(parse_uint("", 1, 1000), None);
+    }
+
+    #[test]
+    fn params() {
+        assert_eq!(split_param("key=$host:$arg_k"), Some(("key", "$host:$arg_k")));
+        assert_eq!(split_param("a=b=c"), Some(("a", "b=c")));
+        assert_eq!(split_param("limit"), None);
+        assert_eq!(split_param("=5"), None);
+    }
+}

@@ -1,0 +1,320 @@
+//! RESP2 encoding and incremental decoding.
+//!
+//! The decoder works on whatever bytes have arrived so far and reports how many it consumed,
+//! which is what framing pipelined replies on nginx's event loop needs: a reply may arrive split
+//! across reads, and one read may carry several replies.
+
+use std::fmt;
+
+/// Replies larger than this are treated as a protocol error: the limiter's scripts answer with a
+/// few integers, so a huge bulk string means the peer is not the Redis we expect.
+pub const MAX_BULK_LEN: usize = 1 << 20;
+const MAX_ARRAY_LEN: usize = 1 << 16;
+const MAX_DEPTH: usize = 8;
+/// Longest header line (`$1048576\r\n`, an integer, a status or error text) we accept.
+const MAX_LINE_LEN: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Status(Vec<u8>),
+    Error(Vec<u8>),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    BadType(u8),
+    BadLength,
+    BadInteger,
+    TooLarge,
+    TooDeep,
+    MissingCrlf,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::BadType(b) => write!(f, "unexpected reply type byte 0x{b:02x}"),
+            ProtocolError::BadLength => f.write_str("invalid length in reply"),
+            ProtocolError::BadInteger => f.write_str("invalid integer in reply"),
+            ProtocolError::TooLarge => f.write_str("reply too large"),
+            ProtocolError::TooDeep => f.write_str("reply nested too deeply"),
+            ProtocolError::MissingCrlf => f.write_str("reply line not terminated by CRLF"),
+        }
+    }
+}
+
+/// Decodes one reply from the start of `buf`.
+///
+/// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
+/// one complete reply.
+pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    decode_at(buf, 0, 0)
+}
+
+fn decode_at(buf: &[u8], pos: usize, depth: usize) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    if depth > MAX_DEPTH {
+        return Err(ProtocolError::TooDeep);
+    }
+    let Some((line, next)) = read_line(buf, pos)? else { return Ok(None) };
+    let (kind, body) = line.split_first().ok_or(ProtocolError::BadType(b'\r'))?;
+    match kind {
+        b'+' => Ok(Some((Reply::Status(body.to_vec()), next))),
+        b'-' => Ok(Some((Reply::Error(body.to_vec()), next))),
+        b':' => Ok(Some((Reply::Int(parse_int(body)?), next))),
+        b'$' => {
+            let len = parse_int(body)?;
+            if len == -1 {
+                return Ok(Some((Reply::Bulk(None), next)));
+            }
+            let len = usize::try_from(len).map_err(|_| ProtocolError::BadLength)?;
+            if len > MAX_BULK_LEN {
+                return Err(ProtocolError::TooLarge);
+            }
+            let end = next + len;
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(ProtocolError::MissingCrlf);
+            }
+            Ok(Some((Reply::Bulk(Some(buf[next..end].to_vec())), end + 2)))
+        }
+        b'*' => {
+            let n = parse_int(body)?;
+            if n == -1 {
+                return Ok(Some((Reply::Array(None), next)));
+            }
+            let n = usize::try_from(n).map_err(|_| ProtocolError::BadLength)?;
+            if n > MAX_ARRAY_LEN {
+                return Err(ProtocolError::TooLarge);
+            }
+            let mut items = Vec::with_capacity(n.min(16));
+            let mut at = next;
+            for _ in 0..n {
+                let Some((item, after)) = decode_at(buf, at, depth + 1)? else { return Ok(None) };
+                items.push(item);
+                at = after;
+            }
+            Ok(Some((Reply::Array(Some(items)), at)))
+        }
+        other => Err(ProtocolError::BadType(*other)),
+    }
+}
+
+/// Returns the line starting at `pos` without its CRLF, and the offset after the CRLF.
+fn read_line(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+    let rest = &buf[pos.min(buf.len())..];
+    let window = &rest[..rest.len().min(MAX_LINE_LEN + 2)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(0) => Err(ProtocolError::MissingCrlf),
+        Some(i) if window[i - 1] == b'\r' => Ok(Some((&rest[..i - 1], pos + i + 1))),
+        Some(_) => Err(ProtocolError::MissingCrlf),
+        None if rest.len() > MAX_LINE_LEN + 1 => Err(ProtocolError::TooLarge),
+        None => Ok(None),
+    }
+}
+
+fn parse_int(digits: &[u8]) -> Result<i64, ProtocolError> {
+    let (neg, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(ProtocolError::BadInteger);
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(ProtocolError::BadInteger);
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i64::from(d - b'0')))
+            .ok_or(ProtocolError::BadInteger)?;
+    }
+    Ok(if neg { -v } else { v })
+}
+
+/// Appends a RESP array header (`*n\r\n`).
+pub fn put_array_len(out: &mut Vec<u8>, n: usize) {
+    out.push(b'*');
+    put_usize(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one bulk-string argument. Arguments are always length-prefixed, so no byte in a key
+/// (CR, LF, NUL, spaces) can change the command's framing.
+pub fn put_bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    out.push(b'$');
+    put_usize(out, arg.len());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends an integer as a bulk-string argument, without a heap allocation.
+pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
+    let mut digits = [0u8; 20];
+    let s = fmt_u64(v, &mut digits);
+    put_bulk(out, s);
+}
+
+fn put_usize(out: &mut Vec<u8>, v: usize) {
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(fmt_u64(v as u64, &mut digits));
+}
+
+fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_array_len(&mut out, args.len());
+        for a in args {
+            put_bulk(&mut out, a);
+        }
+        out
+    }
+
+    #[test]
+    fn encoding_matches_the_redis_crate() {
+        let args: [&[u8]; 5] = [b"EVALSHA", b"abc", b"1", b"rl:api:a\r\nFLUSHALL\r\n", b""];
+        let mut cmd = redis::cmd("EVALSHA");
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        assert_eq!(encode(&args), cmd.get_packed_command());
+        let mut out = Vec::new();
+        put_bulk_int(&mut out, 18446744073709551615);
+        put_bulk_int(&mut out, 0);
+        assert_eq!(out, b"$20\r\n18446744073709551615\r\n$1\r\n0\r\n");
+    }
+
+    #[test]
+    fn decodes_every_type() {
+        let cases: Vec<(&[u8], Reply)> = vec![
+            (b"+OK\r\n", Reply::Status(b"OK".to_vec())),
+            (b"-NOSCRIPT No matching script\r\n", Reply::Error(b"NOSCRIPT No matching script".to_vec())),
+            (b":-42\r\n", Reply::Int(-42)),
+            (b"$3\r\na\r\n\r\n", Reply::Bulk(Some(b"a\r\n".to_vec()))),
+            (b"$-1\r\n", Reply::Bulk(None)),
+            (b"*-1\r\n", Reply::Array(None)),
+            (
+                b"*3\r\n:1\r\n*1\r\n$0\r\n\r\n+x\r\n",
+                Reply::Array(Some(vec![
+                    Reply::Int(1),
+                    Reply::Array(Some(vec![Reply::Bulk(Some(vec![]))])),
+                    Reply::Status(b"x".to_vec()),
+                ])),
+            ),
+        ];
+        for (wire, want) in cases {
+            assert_eq!(decode(wire), Ok(Some((want, wire.len()))), "{wire:?}");
+        }
+    }
+
+    #[test]
+    fn agrees_with_the_redis_crate_parser() {
+        let wires: [&[u8]; 4] = [
+            b"*4\r\n:1\r\n:1\r\n:99\r\n:60000\r\n",
+            b"$5\r\nhello\r\n",
+            b":9223372036854775807\r\n",
+            b"*2\r\n$-1\r\n*0\r\n",
+        ];
+        for wire in wires {
+            let ours = decode(wire).unwrap().unwrap().0;
+            let theirs = redis::parse_redis_value(wire).unwrap();
+            assert_eq!(to_redis_value(&ours), theirs, "{wire:?}");
+        }
+    }
+
+    fn to_redis_value(r: &Reply) -> redis::Value {
+        match r {
+            Reply::Status(s) => redis::Value::SimpleString(String::from_utf8_lossy(s).into()),
+            Reply::Error(_) => unreachable!("not used in the cross-check"),
+            Reply::Int(i) => redis::Value::Int(*i),
+            Reply::Bulk(None) | Reply::Array(None) => redis::Value::Nil,
+            Reply::Bulk(Some(b)) => redis::Value::BulkString(b.clone()),
+            Reply::Array(Some(a)) => redis::Value::Array(a.iter().map(to_redis_value).collect()),
+        }
+    }
+
+    #[test]
+    fn every_split_point_is_incomplete_then_whole() {
+        let wire: &[u8] = b"*4\r\n:1\r\n:0\r\n$4\r\nab\r\n\r\n:17000\r\n";
+        for cut in 0..wire.len() {
+            assert_eq!(decode(&wire[..cut]), Ok(None), "cut at {cut}");
+        }
+        assert!(decode(wire).unwrap().is_some());
+    }
+
+    #[test]
+    fn pipelined_replies_are_framed_one_by_one() {
+        let wire: &[u8] = b":1\r\n-ERR x\r\n*2\r\n:3\r\n:4\r\n:5";
+        let mut pos = 0;
+        let mut got = Vec::new();
+        while let Some((r, n)) = decode(&wire[pos..]).unwrap() {
+            got.push(r);
+            pos += n;
+        }
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[1], Reply::Error(b"ERR x".to_vec()));
+        assert_eq!(&wire[pos..], b":5");
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert_eq!(decode(b"HTTP/1.1 200 OK\r\n"), Err(ProtocolError::BadType(b'H')));
+        assert_eq!(decode(b":12a\r\n"), Err(ProtocolError::BadInteger));
+        assert_eq!(decode(b":99999999999999999999\r\n"), Err(ProtocolError::BadInteger));
+        assert_eq!(decode(b"$-2\r\n"), Err(ProtocolError::BadLength));
+        assert_eq!(decode(b"$2\r\nabcd\r\n"), Err(ProtocolError::MissingCrlf));
+        assert_eq!(decode(b":1\n"), Err(ProtocolError::MissingCrlf));
+        assert_eq!(decode(b"\r\n"), Err(ProtocolError::BadType(b'\r')));
+        assert_eq!(decode(b"$99999999\r\n"), Err(ProtocolError::TooLarge));
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 2);
+        assert_eq!(decode(deep.as_bytes()), Err(ProtocolError::TooDeep));
+        let long = vec![b'+'; MAX_LINE_LEN + 10];
+        assert_eq!(decode(&long), Err(ProtocolError::TooLarge));
+    }
+
+    #[test]
+    fn random_corruption_never_panics() {
+        // A small deterministic xorshift keeps this test free of a rand dependency.
+        let mut s: u64 = 0x9e3779b97f4a7c15;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let base: &[u8] = b"*3\r\n:1\r\n$4\r\nabcd\r\n*2\r\n:-7\r\n+OK\r\n";
+        for _ in 0..20000 {
+            let mut buf = base.to_vec();
+            for _ in 0..(next() % 4) {
+                let i = (next() as usize) % buf.len();
+                buf[i] = next() as u8;
+            }
+            let cut = (next() as usize) % (buf.len() + 1);
+            if let Ok(Some((_, n))) = decode(&buf[..cut]) {
+                assert!(n <= cut);
+            }
+        }
+    }
+}
