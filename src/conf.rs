@@ -1,0 +1,160 @@
+//! Configuration structures and their merging.
+
+use core::cell::Cell;
+use core::ffi::c_char;
+use core::ffi::c_void;
+use core::ptr;
+
+use ngx::core::NGX_CONF_ERROR;
+use ngx::ffi::{
+    ngx_conf_t, ngx_http_complex_value_t, ngx_msec_t, ngx_uint_t, sockaddr, socklen_t, NGX_LOG_EMERG,
+    NGX_LOG_ERR,
+};
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_log_error;
+
+use crate::headers::HeaderMode;
+use crate::module::RateLimit;
+use crate::redis::pool::WorkerPool;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// Redis `TIME`: every gateway judged by one clock.
+    Redis,
+    /// The gateway's own millisecond clock, passed to the script.
+    Nginx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailPolicy {
+    Open,
+    Closed,
+}
+
+pub struct RedisConf {
+    /// Both point into the configuration cycle's pool, which outlives every worker's use.
+    pub sockaddr: *mut sockaddr,
+    pub socklen: socklen_t,
+    /// The address as written, for log messages.
+    pub name: String,
+    pub is_unix: bool,
+    pub pool_size: usize,
+    pub timeout: ngx_msec_t,
+    pub connect_timeout: ngx_msec_t,
+    pub keepalive_timeout: ngx_msec_t,
+    pub prefix: Vec<u8>,
+}
+
+pub struct Zone {
+    pub name: String,
+    /// Compiled in the configuration pool.
+    pub key: *mut ngx_http_complex_value_t,
+    pub limit: u64,
+    pub window_ms: u64,
+    pub clock: Clock,
+}
+
+pub struct MainConf {
+    pub redis: Option<RedisConf>,
+    pub zones: Vec<Zone>,
+    pub script_sha: [u8; 40],
+    /// Index of `$request_id`, the unique sorted-set member of each request.
+    pub request_id_index: ngx_uint_t,
+    /// This worker's connections; created on first use, because a single-process reload builds
+    /// a new cycle without running `init_process` again.
+    pub pool: Cell<*mut WorkerPool>,
+}
+
+impl Default for MainConf {
+    fn default() -> Self {
+        MainConf {
+            redis: None,
+            zones: Vec::new(),
+            script_sha: [0; 40],
+            request_id_index: 0,
+            pool: Cell::new(ptr::null_mut()),
+        }
+    }
+}
+
+/// A `ratelimit` line, resolved to its zone once the whole `http{}` block is read.
+#[derive(Clone)]
+pub struct LimitRef {
+    pub name: String,
+    pub zone: usize,
+    /// Where the line was, for errors found after parsing.
+    pub file: String,
+    pub line: ngx_uint_t,
+}
+
+#[derive(Default)]
+pub struct LocConf {
+    /// `None`: not set here, inherit. `Some(empty)`: `ratelimit off`.
+    pub limits: Option<Vec<LimitRef>>,
+    pub fail: Option<FailPolicy>,
+    pub status: Option<ngx_uint_t>,
+    pub headers: Option<HeaderMode>,
+    pub log_level: Option<ngx_uint_t>,
+}
+
+impl LocConf {
+    pub fn limits(&self) -> &[LimitRef] {
+        self.limits.as_deref().unwrap_or(&[])
+    }
+    pub fn fail(&self) -> FailPolicy {
+        self.fail.unwrap_or(FailPolicy::Open)
+    }
+    pub fn status(&self) -> ngx_uint_t {
+        self.status.unwrap_or(429)
+    }
+    pub fn headers(&self) -> HeaderMode {
+        self.headers.unwrap_or(HeaderMode::Legacy)
+    }
+    pub fn log_level(&self) -> ngx_uint_t {
+        self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
+    }
+}
+
+/// Inherits unset values like `ngx_conf_merge_*_value`, then resolves zone names: zones may be
+/// declared after the `ratelimit` lines that use them, as with `limit_req`.
+///
+/// # Safety
+/// Called by nginx with valid configuration pointers of this module's types.
+pub unsafe extern "C" fn merge_loc_conf(
+    cf: *mut ngx_conf_t,
+    prev: *mut c_void,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let prev = &*(prev as *const LocConf);
+    let conf = &mut *(conf as *mut LocConf);
+    if conf.limits.is_none() {
+        conf.limits.clone_from(&prev.limits);
+    }
+    conf.fail = conf.fail.or(prev.fail);
+    conf.status = conf.status.or(prev.status);
+    conf.headers = conf.headers.or(prev.headers);
+    conf.log_level = conf.log_level.or(prev.log_level);
+
+    let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
+        return ptr::null_mut();
+    };
+    let Some(mcf) = RateLimit::main_conf(&*cf) else { return NGX_CONF_ERROR as _ };
+    for limit in limits.iter_mut() {
+        if mcf.redis.is_none() {
+            return fail(cf, limit, "ratelimit \"%s\" is used but \"ratelimit_redis\" is not set");
+        }
+        match mcf.zones.iter().position(|z| z.name == limit.name) {
+            Some(i) => limit.zone = i,
+            None => return fail(cf, limit, "unknown ratelimit zone \"%s\""),
+        }
+    }
+    ptr::null_mut()
+}
+
+/// Logs with the `ratelimit` line's own position: `ngx_conf_log_error` would point at the end
+/// of the `http{}` block, where merging happens.
+unsafe fn fail(cf: *mut ngx_conf_t, limit: &LimitRef, what: &str) -> *mut c_char {
+    let msg = what.replace("%s", &limit.name);
+    ngx_log_error!(NGX_LOG_EMERG, (*cf).log, "{msg} in {}:{}", limit.file, limit.line);
+    NGX_CONF_ERROR as _
+}

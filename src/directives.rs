@@ -1,0 +1,305 @@
+//! The directive table and its handlers. Values are parsed by `crate::params`; errors name the
+//! directive and the bad value, and nginx appends the file and line.
+
+use core::ffi::{c_char, c_void};
+use core::ptr;
+
+use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::ffi::{
+    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
+    ngx_http_complex_value_t, ngx_parse_url, ngx_pcalloc, ngx_str_t, ngx_uint_t, ngx_url_t,
+    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
+    NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+};
+use ngx::{ngx_conf_log_error, ngx_string};
+
+use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, RedisConf, Zone};
+use crate::headers::HeaderMode;
+use crate::params::{parse_msec, parse_uint, split_param};
+
+const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+const MAX_LIMIT: u64 = 1_000_000_000;
+const MAX_WINDOW_MS: u64 = 365 * 86_400_000;
+
+const fn command(
+    name: ngx_str_t,
+    type_: u32,
+    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
+    conf: usize,
+) -> ngx_command_t {
+    ngx_command_t { name, type_: type_ as ngx_uint_t, set: Some(set), conf, offset: 0, post: ptr::null_mut() }
+}
+
+pub static mut COMMANDS: [ngx_command_t; 8] = [
+    command(ngx_string!("ratelimit_redis"), NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE, cmd_redis, NGX_HTTP_MAIN_CONF_OFFSET),
+    command(ngx_string!("ratelimit_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE, cmd_zone, NGX_HTTP_MAIN_CONF_OFFSET),
+    command(ngx_string!("ratelimit"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_ratelimit, NGX_HTTP_LOC_CONF_OFFSET),
+    command(ngx_string!("ratelimit_fail"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_fail, NGX_HTTP_LOC_CONF_OFFSET),
+    command(ngx_string!("ratelimit_status"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_status, NGX_HTTP_LOC_CONF_OFFSET),
+    command(ngx_string!("ratelimit_headers"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_headers, NGX_HTTP_LOC_CONF_OFFSET),
+    command(ngx_string!("ratelimit_log_level"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_log_level, NGX_HTTP_LOC_CONF_OFFSET),
+    ngx_command_t::empty(),
+];
+
+const IS_DUPLICATE: *mut c_char = c"is duplicate".as_ptr() as *mut c_char;
+
+/// The directive's arguments, `args[0]` being its name.
+///
+/// # Safety
+/// `cf` is the configuration being parsed; the slice lives as long as this directive's handler.
+unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a [ngx_str_t] {
+    (*(*cf).args).as_slice()
+}
+
+fn text(s: &ngx_str_t) -> &str {
+    // Directive arguments that are not UTF-8 can only be invalid values; "" never matches.
+    core::str::from_utf8(s.as_bytes()).unwrap_or("\u{fffd}")
+}
+
+/// Logs `invalid <what> "<value>" in "<directive>" directive` and fails the configuration.
+unsafe fn invalid(cf: *mut ngx_conf_t, what: &str, value: &str) -> *mut c_char {
+    let directive = text(&args(cf)[0]);
+    ngx_conf_log_error!(NGX_LOG_EMERG, cf, "invalid {what} \"{value}\" in \"{directive}\" directive");
+    NGX_CONF_ERROR as _
+}
+
+unsafe extern "C" fn cmd_redis(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let mcf = &mut *(conf as *mut MainConf);
+    if mcf.redis.is_some() {
+        return IS_DUPLICATE;
+    }
+    let args = args(cf);
+    let mut url: ngx_url_t = core::mem::zeroed();
+    url.url = args[1];
+    url.default_port = 6379;
+    if ngx_parse_url((*cf).pool, &mut url) != 0 || url.naddrs == 0 {
+        let reason = if url.err.is_null() {
+            "host not found"
+        } else {
+            core::ffi::CStr::from_ptr(url.err).to_str().unwrap_or("invalid address")
+        };
+        let addr = text(&args[1]);
+        ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{reason} in \"{addr}\" of the \"ratelimit_redis\" directive");
+        return NGX_CONF_ERROR as _;
+    }
+    let addr = &*url.addrs;
+    let mut redis = RedisConf {
+        sockaddr: addr.sockaddr,
+        socklen: addr.socklen,
+        name: text(&args[1]).to_owned(),
+        is_unix: url.family == AF_UNIX as i32,
+        pool_size: 4,
+        timeout: 200,
+        connect_timeout: 0,
+        keepalive_timeout: 60_000,
+        prefix: b"rl:".to_vec(),
+    };
+    let mut connect_timeout = None;
+    for arg in &args[2..] {
+        let s = text(arg);
+        let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
+        let ok = match name {
+            "pool_size" => parse_uint(value, 1, 4096).map(|n| redis.pool_size = n as usize),
+            "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| redis.timeout = t as _),
+            "connect_timeout" => {
+                parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
+            }
+            "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
+            "prefix" => Some(redis.prefix = value.as_bytes().to_vec()),
+            _ => return invalid(cf, "parameter", s),
+        };
+        if ok.is_none() {
+            return invalid(cf, "value", s);
+        }
+    }
+    // The whole decision must fit in `timeout`, so connecting can never take longer.
+    redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);
+    mcf.redis = Some(redis);
+    NGX_CONF_OK
+}
+
+unsafe extern "C" fn cmd_zone(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let mcf = &mut *(conf as *mut MainConf);
+    let args = args(cf);
+    let name = text(&args[1]);
+    if name.is_empty() || name.contains(['=', '"']) {
+        return invalid(cf, "zone name", name);
+    }
+    if mcf.zones.iter().any(|z| z.name == name) {
+        ngx_conf_log_error!(NGX_LOG_EMERG, cf, "duplicate zone \"{name}\" in \"ratelimit_zone\" directive");
+        return NGX_CONF_ERROR as _;
+    }
+    let (mut key, mut limit, mut window_ms, mut clock) = (None, None, None, Clock::Redis);
+    for arg in &args[2..] {
+        let s = text(arg);
+        let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
+        let ok = match param {
+            "key" => compile_complex_value(cf, arg, "key=".len()).map(|cv| key = Some(cv)),
+            "limit" => parse_uint(value, 1, MAX_LIMIT).map(|n| limit = Some(n)),
+            "window" => parse_msec(value)
+                .filter(|w| (1..=MAX_WINDOW_MS).contains(w))
+                .map(|w| window_ms = Some(w)),
+            "clock" => match value {
+                "redis" => Some(clock = Clock::Redis),
+                "nginx" => Some(clock = Clock::Nginx),
+                _ => None,
+            },
+            _ => return invalid(cf, "parameter", s),
+        };
+        if ok.is_none() {
+            return invalid(cf, "value", s);
+        }
+    }
+    let (Some(key), Some(limit), Some(window_ms)) = (key, limit, window_ms) else {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"ratelimit_zone\" directive \"{name}\" needs key=, limit= and window="
+        );
+        return NGX_CONF_ERROR as _;
+    };
+    mcf.zones.push(Zone { name: name.to_owned(), key, limit, window_ms, clock });
+    NGX_CONF_OK
+}
+
+/// Compiles the part of `arg` after `skip` bytes as a complex value (`$binary_remote_addr`,
+/// `"$host:$arg_k"`), in the configuration pool.
+unsafe fn compile_complex_value(
+    cf: *mut ngx_conf_t,
+    arg: &ngx_str_t,
+    skip: usize,
+) -> Option<*mut ngx_http_complex_value_t> {
+    let mut value = ngx_str_t { len: arg.len - skip, data: arg.data.add(skip) };
+    let cv = ngx_pcalloc((*cf).pool, size_of::<ngx_http_complex_value_t>())
+        as *mut ngx_http_complex_value_t;
+    if cv.is_null() {
+        return None;
+    }
+    let mut ccv: ngx_http_compile_complex_value_t = core::mem::zeroed();
+    ccv.cf = cf;
+    ccv.value = &mut value;
+    ccv.complex_value = cv;
+    (ngx_http_compile_complex_value(&mut ccv) == 0).then_some(cv)
+}
+
+unsafe extern "C" fn cmd_ratelimit(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    if lcf.limits.is_some() {
+        return IS_DUPLICATE;
+    }
+    let name = text(&args(cf)[1]);
+    if name == "off" {
+        lcf.limits = Some(Vec::new());
+        return NGX_CONF_OK;
+    }
+    let file = &(*(*cf).conf_file).file;
+    lcf.limits = Some(vec![LimitRef {
+        name: name.to_owned(),
+        zone: usize::MAX,
+        file: text(&file.name).to_owned(),
+        line: (*(*cf).conf_file).line,
+    }]);
+    NGX_CONF_OK
+}
+
+/// Sets a keyword-valued directive once.
+unsafe fn set_keyword<T: Copy>(
+    cf: *mut ngx_conf_t,
+    slot: &mut Option<T>,
+    table: &[(&str, T)],
+) -> *mut c_char {
+    if slot.is_some() {
+        return IS_DUPLICATE;
+    }
+    let value = text(&args(cf)[1]);
+    match table.iter().find(|(k, _)| *k == value) {
+        Some((_, v)) => {
+            *slot = Some(*v);
+            NGX_CONF_OK
+        }
+        None => {
+            let allowed: Vec<&str> = table.iter().map(|(k, _)| *k).collect();
+            let directive = text(&args(cf)[0]);
+            ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "invalid value \"{value}\" in \"{directive}\" directive, it must be \"{}\"",
+                allowed.join("\" or \"")
+            );
+            NGX_CONF_ERROR as _
+        }
+    }
+}
+
+unsafe extern "C" fn cmd_fail(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    set_keyword(cf, &mut lcf.fail, &[("open", FailPolicy::Open), ("closed", FailPolicy::Closed)])
+}
+
+unsafe extern "C" fn cmd_headers(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    let table = [("legacy", HeaderMode::Legacy), ("draft", HeaderMode::Draft), ("off", HeaderMode::Off)];
+    set_keyword(cf, &mut lcf.headers, &table)
+}
+
+unsafe extern "C" fn cmd_log_level(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    let table = [
+        ("info", NGX_LOG_INFO as ngx_uint_t),
+        ("notice", NGX_LOG_NOTICE as ngx_uint_t),
+        ("warn", NGX_LOG_WARN as ngx_uint_t),
+        ("error", NGX_LOG_ERR as ngx_uint_t),
+    ];
+    set_keyword(cf, &mut lcf.log_level, &table)
+}
+
+unsafe extern "C" fn cmd_status(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    if lcf.status.is_some() {
+        return IS_DUPLICATE;
+    }
+    let value = text(&args(cf)[1]);
+    match parse_uint(value, 400, 599) {
+        Some(code) => {
+            lcf.status = Some(code as ngx_uint_t);
+            NGX_CONF_OK
+        }
+        None => {
+            ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "invalid value \"{value}\" in \"ratelimit_status\" directive, it must be 400..599"
+            );
+            NGX_CONF_ERROR as _
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! The access-phase handler: one Redis script call per main request, suspended without holding
+//! the worker, resumed by a posted event, and decided once even across internal redirects.
+
+use core::ffi::c_void;
+use core::ptr::{self, NonNull};
+
+use ngx::core::Pool;
+use ngx::ffi::{
+    ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
+    ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_complex_value, ngx_http_log_ctx_t,
+    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t,
+    ngx_list_push, ngx_msec_t, ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday,
+    NGX_AGAIN, NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
+use ngx::ngx_log_error;
+
+use crate::conf::{Clock, FailPolicy, LocConf, MainConf};
+use crate::headers::{self, Quota};
+use crate::key;
+use crate::module::RateLimit;
+use crate::redis::pool::{RedisError, Waiter, WorkerPool};
+use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
+
+/// What happened to a main request; read by the variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pending,
+    Skipped,
+    Passed,
+    Rejected,
+    FailedOpen,
+    FailedClosed,
+}
+
+impl Status {
+    pub fn as_bytes(self) -> &'static [u8] {
+        match self {
+            Status::Pending => b"PENDING",
+            Status::Skipped => b"SKIPPED",
+            Status::Passed => b"PASSED",
+            Status::Rejected => b"REJECTED",
+            Status::FailedOpen => b"FAILED_OPEN",
+            Status::FailedClosed => b"FAILED_CLOSED",
+        }
+    }
+}
+
+/// Per main request, in its pool. Found again after an internal redirect through the request's
+/// cleanup list, because redirects wipe `r->ctx`.
+pub struct Ctx {
+    r: *mut ngx_http_request_t,
+    pub status: Status,
+    /// Set once the decision has been returned to the phase engine; later passes (internal
+    /// redirects) let the request through untouched, as limit_req does.
+    applied: bool,
+    waiter: Waiter,
+    /// Fires on completion (posted) or at the decision's deadline (timer).
+    ev: ngx_event_t,
+    args: EncodedArgs,
+    eval_retried: bool,
+    /// Indexes into the main conf's zones, in script order.
+    zones: Vec<usize>,
+    /// The deciding zone's figures, for headers and variables.
+    pub quota: Option<(usize, u64, u64)>,
+}
+
+pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    if r != (*r).main {
+        return NGX_DECLINED as ngx_int_t;
+    }
+    let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
+        return NGX_DECLINED as ngx_int_t;
+    };
+    if lcf.limits().is_empty() {
+        return NGX_DECLINED as ngx_int_t;
+    }
+    if let Some(ctx) = find_ctx(r) {
+        let ctx = &mut *ctx.as_ptr();
+        return match (ctx.applied, ctx.status) {
+            (true, _) => NGX_DECLINED as ngx_int_t,
+            // A spurious run of the phase engine while Redis has not answered.
+            (false, Status::Pending) => NGX_AGAIN as ngx_int_t,
+            (false, _) => apply(ctx, lcf, mcf),
+        };
+    }
+    start(r, lcf, mcf)
+}
+
+unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
+    let Some(ctx) = new_ctx(r) else { return NGX_ERROR as ngx_int_t };
+    let ctx = &mut *ctx.as_ptr();
+    let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
+
+    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(lcf.limits().len());
+    for limit in lcf.limits() {
+        let zone = &mcf.zones[limit.zone];
+        let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
+        if ngx_http_complex_value(r, zone.key, &mut value) != 0 {
+            return NGX_ERROR as ngx_int_t;
+        }
+        // An empty key is not limited, as in limit_req.
+        if value.len == 0 {
+            continue;
+        }
+        let mut k = Vec::new();
+        key::build(&mut k, &redis.prefix, zone.name.as_bytes(), value.as_bytes());
+        keys.push(k);
+        ctx.zones.push(limit.zone);
+    }
+    if ctx.zones.is_empty() {
+        ctx.status = Status::Skipped;
+        ctx.applied = true;
+        return NGX_DECLINED as ngx_int_t;
+    }
+
+    let zone_args: Vec<ZoneArgs<'_>> = ctx
+        .zones
+        .iter()
+        .zip(&keys)
+        .map(|(&z, k)| ZoneArgs { key: k, limit: mcf.zones[z].limit, window_ms: mcf.zones[z].window_ms })
+        .collect();
+    // One clock per decision: the gateway's only when every zone asks for it.
+    let now = ctx.zones.iter().all(|&z| mcf.zones[z].clock == Clock::Nginx).then(|| {
+        let tp = ngx_timeofday();
+        tp.sec as u64 * 1000 + tp.msec as u64
+    });
+    let member = request_id(r, mcf);
+    ctx.args = EncodedArgs::new(&zone_args, now, member);
+
+    let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
+    let sha = &mcf.script_sha;
+    match pool.submit(NonNull::from(&mut ctx.waiter), |out| ctx.args.write_evalsha(out, sha)) {
+        Ok(token) => {
+            ctx.waiter.token = Some(token);
+            ngx_add_timer(&mut ctx.ev, redis.timeout);
+            // Notice a client that goes away while it waits (499), as limit_req's delay does.
+            (*r).read_event_handler = Some(ngx_http_test_reading);
+            NGX_AGAIN as ngx_int_t
+        }
+        Err(e) => {
+            ctx.waiter.result = Some(Err(e));
+            decide(ctx, lcf);
+            apply(ctx, lcf, mcf)
+        }
+    }
+}
+
+/// `$request_id`: 32 random hex digits, unique per request across gateways.
+unsafe fn request_id<'a>(r: *mut ngx_http_request_t, mcf: &MainConf) -> &'a [u8] {
+    let v = ngx::ffi::ngx_http_get_indexed_variable(r, mcf.request_id_index);
+    if v.is_null() || (*v).not_found() != 0 {
+        return b"";
+    }
+    (*v).as_bytes()
+}
+
+unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
+    let pool = Pool::from_ngx_pool((*r).pool);
+    let ctx = NonNull::new(pool.allocate(Ctx {
+        r,
+        status: Status::Pending,
+        applied: false,
+        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+        ev: core::mem::zeroed(),
+        args: EncodedArgs::default(),
+        eval_retried: false,
+        zones: Vec::new(),
+        quota: None,
+    }))?;
+    let cln = ngx_http_cleanup_add(r, 0);
+    if cln.is_null() {
+        return None;
+    }
+    (*cln).handler = Some(cleanup);
+    (*cln).data = ctx.as_ptr() as *mut c_void;
+    let c = &mut *ctx.as_ptr();
+    c.waiter.ev = &mut c.ev;
+    c.ev.handler = Some(on_event);
+    // Timer code logs `ev->data` as a connection; the context is found with container_of.
+    c.ev.data = (*r).connection as *mut c_void;
+    c.ev.log = (*(*r).connection).log;
+    *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
+    Some(ctx)
+}
+
+/// The main request's context, also after an internal redirect has cleared `r->ctx`.
+pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
+    let r = (*r).main;
+    let slot = (*r).ctx.add(RateLimit::module().ctx_index);
+    if let Some(ctx) = NonNull::new(*slot as *mut Ctx) {
+        return Some(ctx);
+    }
+    let mut cln = (*r).cleanup;
+    while !cln.is_null() {
+        // Both sides name the same function of this crate, taken in this file.
+        if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, cleanup as unsafe extern "C" fn(_))) {
+            *slot = (*cln).data;
+            return NonNull::new((*cln).data as *mut Ctx);
+        }
+        cln = (*cln).next;
+    }
+    None
+}
+
+/// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
+/// once. The context itself stays readable for the access log.
+unsafe extern "C" fn cleanup(data: *mut c_void) {
+    let ctx = &mut *(data as *mut Ctx);
+    if let Some(token) = ctx.waiter.token.take() {
+        WorkerPool::cancel(token);
+    }
+    if ctx.ev.timer_set() != 0 {
+        ngx_del_timer(&mut ctx.ev);
+    }
+    if ctx.ev.posted() != 0 {
+        ngx_delete_posted_event(&mut ctx.ev);
+    }
+}
+
+/// Completion or deadline of a pending decision.
+unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
+    let ctx = &mut *ngx::ngx_container_of!(ev, Ctx, ev);
+    let r = ctx.r;
+    if (*ev).timedout() != 0 {
+        (*ev).set_timedout(0);
+        if ctx.waiter.result.is_none() {
+            if let Some(token) = ctx.waiter.token.take() {
+                WorkerPool::cancel(token);
+            }
+            ctx.waiter.result = Some(Err(RedisError::Timeout));
+        }
+    }
+    let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
+        return;
+    };
+    if ctx.waiter.result.is_none() || resubmitted_as_eval(ctx, mcf) {
+        return;
+    }
+    if ctx.ev.timer_set() != 0 {
+        ngx_del_timer(&mut ctx.ev);
+    }
+    decide(ctx, lcf);
+
+    let c = (*r).connection;
+    let log_ctx = (*(*c).log).data as *mut ngx_http_log_ctx_t;
+    (*log_ctx).current_request = r;
+    (*r).read_event_handler = Some(ngx_http_block_reading);
+    if let Some(run_phases) = (*r).write_event_handler {
+        run_phases(r);
+    }
+    // `r` may be freed by now; only the connection is used.
+    ngx_http_run_posted_requests(c);
+}
+
+/// Redis lost the script (restart, `SCRIPT FLUSH`): send it whole, once, within the same
+/// deadline.
+unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
+    let noscript = matches!(
+        &ctx.waiter.result,
+        Some(Ok(reply)) if script::decode_decision(reply, ctx.zones.len()) == Err(ReplyError::NoScript)
+    );
+    if !noscript || ctx.eval_retried {
+        return false;
+    }
+    ctx.eval_retried = true;
+    let Some(pool) = WorkerPool::get(mcf) else { return false };
+    ctx.waiter.result = None;
+    let args = &ctx.args;
+    match pool.submit(NonNull::from(&mut ctx.waiter), |out| {
+        args.write_eval(out, script::SLIDING_LOG.as_bytes())
+    }) {
+        Ok(token) => {
+            ctx.waiter.token = Some(token);
+            true
+        }
+        Err(e) => {
+            ctx.waiter.result = Some(Err(e));
+            false
+        }
+    }
+}
+
+/// Turns the waiter's result into the request's status.
+unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf) {
+    let Some(result) = ctx.waiter.result.take() else { return };
+    let failure = match result.map(|reply| script::decode_decision(&reply, ctx.zones.len())) {
+        Ok(Ok(d)) => return record(ctx, &d),
+        Ok(Err(ReplyError::NoScript)) => "redis replied NOSCRIPT twice".to_owned(),
+        Ok(Err(ReplyError::Redis(msg))) => format!("redis replied \"{msg}\""),
+        Ok(Err(ReplyError::Unexpected)) => "unexpected reply from the script".to_owned(),
+        Err(e) => format!("redis {e}"),
+    };
+    ctx.status = match lcf.fail() {
+        FailPolicy::Open => Status::FailedOpen,
+        FailPolicy::Closed => Status::FailedClosed,
+    };
+    let log = (*(*ctx.r).connection).log;
+    if log_throttle(&mut *ptr::addr_of_mut!(FAILURE_LOG)) {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            log,
+            "ratelimit: {failure}, request {} by ratelimit_fail",
+            if ctx.status == Status::FailedOpen { "passed" } else { "rejected" }
+        );
+    }
+}
+
+fn record(ctx: &mut Ctx, d: &Decision) {
+    let i = d.deciding_zone();
+    let z = d.zones[i];
+    ctx.status = if d.allowed { Status::Passed } else { Status::Rejected };
+    ctx.quota = Some((ctx.zones[i], z.remaining, z.reset_ms));
+}
+
+/// Failure lines at most once a second per worker: a flood of requests during an outage must
+/// not become a flood of identical log lines.
+static mut FAILURE_LOG: ngx_msec_t = 0;
+
+fn log_throttle(last: &mut ngx_msec_t) -> bool {
+    let now = unsafe { ngx_current_msec };
+    if *last != 0 && now.wrapping_sub(*last) < 1000 {
+        return false;
+    }
+    *last = now;
+    true
+}
+
+/// Returns the decision to the phase engine, with its headers.
+unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
+    ctx.applied = true;
+    let r = ctx.r;
+    if let Some((zone, remaining, reset_ms)) = ctx.quota {
+        let z = &mcf.zones[zone];
+        let quota = Quota {
+            zone: &z.name,
+            limit: z.limit,
+            window_ms: z.window_ms,
+            remaining,
+            reset_ms,
+            rejected: ctx.status == Status::Rejected,
+        };
+        for (name, value) in headers::format(lcf.headers(), &quota) {
+            if add_header(r, name, value.as_bytes()).is_none() {
+                return NGX_ERROR as ngx_int_t;
+            }
+        }
+        if quota.rejected {
+            ngx_log_error!(
+                lcf.log_level(),
+                (*(*r).connection).log,
+                "ratelimit: limiting requests by zone \"{}\", limit {} per {}ms, retry in {}ms",
+                z.name,
+                z.limit,
+                z.window_ms,
+                reset_ms
+            );
+        }
+    }
+    match ctx.status {
+        Status::Rejected => lcf.status() as ngx_int_t,
+        Status::FailedClosed => NGX_HTTP_SERVICE_UNAVAILABLE as ngx_int_t,
+        _ => NGX_DECLINED as ngx_int_t,
+    }
+}
+
+/// Adds a response header; it is sent with an allowed response and with the rejection alike.
+unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static str, value: &[u8]) -> Option<()> {
+    let h = ngx_list_push(&mut (*r).headers_out.headers) as *mut ngx_table_elt_t;
+    if h.is_null() {
+        return None;
+    }
+    // Zeroed first: newer nginx versions chain headers through fields older ones lack.
+    ptr::write_bytes(h, 0, 1);
+    let pool = (*r).pool;
+    let data = ngx_pnalloc(pool, value.len() + name.len()) as *mut u8;
+    if data.is_null() {
+        return None;
+    }
+    ptr::copy_nonoverlapping(value.as_ptr(), data, value.len());
+    let lowcase = data.add(value.len());
+    for (i, b) in name.bytes().enumerate() {
+        *lowcase.add(i) = b.to_ascii_lowercase();
+    }
+    (*h).hash = 1;
+    (*h).key = ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 };
+    (*h).value = ngx_str_t { len: value.len(), data };
+    (*h).lowcase_key = lowcase;
+    Some(())
+}
+
+pub fn quota_figures(ctx: &Ctx, mcf: &MainConf) -> Option<(u64, u64, u64)> {
+    let (zone, remaining, reset_ms) = ctx.quota?;
+    Some((mcf.zones[zone].limit, remaining, headers::ceil_secs(reset_ms)))
+}
+

@@ -1,0 +1,98 @@
+//! Module registration: the nginx module tables, the access-phase hook and the worker hooks.
+
+use core::ffi::{c_char, c_void};
+use core::ptr::{addr_of, addr_of_mut};
+
+use ngx::core::{Status, NGX_CONF_ERROR};
+use ngx::ngx_string;
+use ngx::ffi::{
+    ngx_array_push, ngx_conf_t, ngx_http_get_variable_index, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_HTTP_MODULE,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+
+use crate::conf::{merge_loc_conf, LocConf, MainConf};
+use crate::redis::pool::WorkerPool;
+use crate::{directives, handler, script, variables};
+
+pub struct RateLimit;
+
+impl HttpModule for RateLimit {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: nginx writes the module's indexes once, before any worker runs.
+        unsafe { &*addr_of!(ngx_http_ratelimit_module) }
+    }
+
+    unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        variables::register(cf)
+    }
+
+    unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(&*cf) else {
+            return Status::NGX_ERROR.into();
+        };
+        // Access-phase handlers run in reverse order of registration, and dynamic modules
+        // register after the built-in ones: this handler runs before allow/deny, auth_basic and
+        // auth_request (README: "Order in the access phase").
+        let handlers = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_ACCESS_PHASE as usize].handlers;
+        let h = ngx_array_push(handlers) as *mut ngx_http_handler_pt;
+        if h.is_null() {
+            return Status::NGX_ERROR.into();
+        }
+        *h = Some(handler::access_handler);
+        Status::NGX_OK.into()
+    }
+}
+
+unsafe impl HttpModuleMainConf for RateLimit {
+    type MainConf = MainConf;
+}
+
+unsafe impl HttpModuleLocationConf for RateLimit {
+    type LocationConf = LocConf;
+}
+
+unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
+    let mcf = &mut *(conf as *mut MainConf);
+    mcf.script_sha = script::sha1_hex(script::SLIDING_LOG.as_bytes());
+    let mut name = ngx_string!("request_id");
+    let index = ngx_http_get_variable_index(cf, &mut name);
+    if index < 0 {
+        return NGX_CONF_ERROR as _;
+    }
+    mcf.request_id_index = index as ngx_uint_t;
+    core::ptr::null_mut()
+}
+
+static NGX_HTTP_RATELIMIT_MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: Some(RateLimit::preconfiguration),
+    postconfiguration: Some(RateLimit::postconfiguration),
+    create_main_conf: Some(RateLimit::create_main_conf),
+    init_main_conf: Some(init_main_conf),
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(RateLimit::create_loc_conf),
+    merge_loc_conf: Some(merge_loc_conf),
+};
+
+#[cfg(feature = "export-modules")]
+ngx::ngx_modules!(ngx_http_ratelimit_module);
+
+#[used]
+#[allow(non_upper_case_globals)]
+#[cfg_attr(not(feature = "export-modules"), no_mangle)]
+pub static mut ngx_http_ratelimit_module: ngx_module_t = ngx_module_t {
+    ctx: addr_of!(NGX_HTTP_RATELIMIT_MODULE_CTX) as _,
+    commands: unsafe { addr_of_mut!(directives::COMMANDS[0]) },
+    type_: NGX_HTTP_MODULE as _,
+    exit_process: Some(exit_process),
+    ..ngx_module_t::default()
+};
+
+/// Closes this worker's Redis connections before nginx looks for sockets left open, so a
+/// graceful exit or reload logs no "open socket left" alert.
+unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    if let Some(mcf) = RateLimit::main_conf(&*cycle) {
+        WorkerPool::destroy(&mcf.pool);
+    }
+}

@@ -1,0 +1,7 @@
+//! Talking to Redis: the RESP codec (pure) and the per-worker pool of event-loop connections.
+
+#[cfg(not(test))]
+mod conn;
+#[cfg(not(test))]
+pub mod pool;
+pub mod resp;

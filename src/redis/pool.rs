@@ -1,0 +1,177 @@
+//! The per-worker pool of Redis connections, and the waiter protocol between a pending decision
+//! and the connection that carries it.
+//!
+//! A waiter is owned by its request. The pool only ever completes a waiter by storing the result
+//! and posting the waiter's event: it never calls back into HTTP code, so no connection state is
+//! borrowed while a request runs. A request that goes away cancels its slot, leaving a tombstone
+//! whose reply is read and dropped, because pipelined replies are matched strictly in order.
+
+use core::fmt;
+use core::ptr::{self, NonNull};
+
+use ngx::ffi::{ngx_current_msec, ngx_event_t, ngx_msec_t, ngx_post_event, ngx_posted_events};
+
+use super::conn::Conn;
+use super::resp::{ProtocolError, Reply};
+use crate::conf::{MainConf, RedisConf};
+
+/// A new connection is opened only when every open one already carries this many decisions;
+/// below that, pipelining on few connections is cheaper for Redis and for the worker.
+const SPILL_AT: usize = 16;
+/// After a failed connect, decisions fail at once for this long instead of each paying for a
+/// connect attempt (and a log line) while Redis is down.
+const RECONNECT_BACKOFF: ngx_msec_t = 1000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisError {
+    Connect,
+    Unavailable,
+    Timeout,
+    Closed,
+    Io,
+    Protocol(ProtocolError),
+    UnexpectedReply,
+}
+
+impl fmt::Display for RedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisError::Connect => f.write_str("connect failed"),
+            RedisError::Unavailable => f.write_str("unavailable (reconnect back-off)"),
+            RedisError::Timeout => f.write_str("timed out"),
+            RedisError::Closed => f.write_str("closed the connection"),
+            RedisError::Io => f.write_str("i/o error"),
+            RedisError::Protocol(e) => write!(f, "protocol error: {e}"),
+            RedisError::UnexpectedReply => f.write_str("sent a reply to a command never sent"),
+        }
+    }
+}
+
+/// The part of a pending decision the pool may touch.
+pub struct Waiter {
+    pub result: Option<Result<Reply, RedisError>>,
+    pub token: Option<Token>,
+    /// Posted when `result` is set.
+    pub ev: *mut ngx_event_t,
+}
+
+/// Where a waiter's command sits: valid while the waiter is pending, because closing a
+/// connection completes (and so detaches) every waiter on it.
+#[derive(Clone, Copy)]
+pub struct Token {
+    pub(super) conn: NonNull<Conn>,
+    pub(super) seq: u64,
+}
+
+pub struct WorkerPool {
+    pub(super) conf: *const RedisConf,
+    pub(super) conns: Vec<NonNull<Conn>>,
+    retry_at: ngx_msec_t,
+    /// True from the first failure of an outage until Redis answers again, so each outage is
+    /// logged once rather than once per request.
+    pub(super) down: bool,
+}
+
+impl WorkerPool {
+    /// This worker's pool for the cycle's configuration, created on first use.
+    pub fn get(mcf: &MainConf) -> Option<&'static mut WorkerPool> {
+        let conf = mcf.redis.as_ref()?;
+        let mut p = mcf.pool.get();
+        if p.is_null() {
+            p = Box::into_raw(Box::new(WorkerPool {
+                conf,
+                conns: Vec::new(),
+                retry_at: 0,
+                down: false,
+            }));
+            mcf.pool.set(p);
+        }
+        // SAFETY: the pool lives until `destroy` at worker exit, and a worker is one thread.
+        Some(unsafe { &mut *p })
+    }
+
+    /// Closes every connection; at worker exit no request is pending any more.
+    pub fn destroy(cell: &core::cell::Cell<*mut WorkerPool>) {
+        let p = cell.replace(ptr::null_mut());
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: created by `get` with Box::into_raw, and nothing else references it now.
+        let pool = unsafe { Box::from_raw(p) };
+        while let Some(&conn) = pool.conns.last() {
+            Conn::close(conn, RedisError::Closed, false);
+        }
+        drop(pool);
+    }
+
+    pub(super) fn conf(&self) -> &RedisConf {
+        // SAFETY: the configuration outlives the worker's pool.
+        unsafe { &*self.conf }
+    }
+
+    /// Queues a command for `waiter`; `write` appends the command's bytes. The command goes out
+    /// with everything else queued in this event-loop iteration.
+    pub fn submit(
+        &mut self,
+        waiter: NonNull<Waiter>,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Token, RedisError> {
+        let conn = self.pick()?;
+        // SAFETY: `pick` returns a live connection of this pool.
+        Ok(unsafe { Conn::push(conn, waiter, write) })
+    }
+
+    fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
+        // SAFETY: every pointer in `conns` is a live connection.
+        let least = self.conns.iter().copied().min_by_key(|c| unsafe { c.as_ref().in_flight() });
+        let busy = least.is_none_or(|c| unsafe { c.as_ref().in_flight() } >= SPILL_AT);
+        if busy && self.conns.len() < self.conf().pool_size && self.may_connect() {
+            let self_ptr: *mut WorkerPool = self;
+            match Conn::connect(self_ptr) {
+                Ok(c) => {
+                    self.conns.push(c);
+                    return Ok(c);
+                }
+                Err(e) => {
+                    self.retry_at = unsafe { ngx_current_msec } + RECONNECT_BACKOFF;
+                    self.down = true;
+                    if least.is_none() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        least.ok_or(RedisError::Unavailable)
+    }
+
+    fn may_connect(&self) -> bool {
+        !self.down || unsafe { ngx_current_msec } >= self.retry_at
+    }
+
+    /// Detaches a waiter from its slot; the reply, when it comes, is dropped.
+    pub fn cancel(token: Token) {
+        // SAFETY: a token is only held by a pending waiter, whose connection is alive.
+        unsafe { Conn::cancel(token) }
+    }
+
+    pub(super) fn forget(&mut self, conn: NonNull<Conn>) {
+        self.conns.retain(|&c| c != conn);
+    }
+
+    /// A failure on a connection: opens the outage (logged once) and delays reconnects.
+    pub(super) fn failed(&mut self) -> bool {
+        self.retry_at = unsafe { ngx_current_msec } + RECONNECT_BACKOFF;
+        !core::mem::replace(&mut self.down, true)
+    }
+}
+
+/// Stores a waiter's result and wakes its request through its posted event.
+///
+/// # Safety
+/// `w` is a pending waiter: its request has not run its cleanup.
+pub(super) unsafe fn complete(w: NonNull<Waiter>, result: Result<Reply, RedisError>) {
+    let w = &mut *w.as_ptr();
+    w.result = Some(result);
+    w.token = None;
+    ngx_post_event(w.ev, ptr::addr_of_mut!(ngx_posted_events));
+}

@@ -1,0 +1,93 @@
+//! `$ratelimit_status`, `$ratelimit_limit`, `$ratelimit_remaining`, `$ratelimit_reset`.
+//!
+//! Not cacheable, so the access log sees the final value; read from the main request's context,
+//! which survives internal redirects.
+
+use core::ptr::addr_of_mut;
+
+use ngx::ffi::{
+    ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_t, ngx_int_t,
+    ngx_pnalloc, ngx_str_t, ngx_variable_value_t, NGX_ERROR, NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+};
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_string;
+
+use crate::handler::{find_ctx, quota_figures};
+use crate::module::RateLimit;
+
+const STATUS: usize = 0;
+const LIMIT: usize = 1;
+const REMAINING: usize = 2;
+const RESET: usize = 3;
+
+const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
+    ngx_http_variable_t {
+        name,
+        set_handler: None,
+        get_handler: Some(get),
+        data,
+        flags: NGX_HTTP_VAR_NOCACHEABLE as _,
+        index: 0,
+    }
+}
+
+static mut VARIABLES: [ngx_http_variable_t; 4] = [
+    var(ngx_string!("ratelimit_status"), STATUS),
+    var(ngx_string!("ratelimit_limit"), LIMIT),
+    var(ngx_string!("ratelimit_remaining"), REMAINING),
+    var(ngx_string!("ratelimit_reset"), RESET),
+];
+
+/// # Safety
+/// Called from preconfiguration with the configuration being parsed.
+pub unsafe fn register(cf: *mut ngx_conf_t) -> ngx_int_t {
+    for v in (*addr_of_mut!(VARIABLES)).iter_mut() {
+        let var = ngx_http_add_variable(cf, &mut v.name, v.flags);
+        if var.is_null() {
+            return NGX_ERROR as ngx_int_t;
+        }
+        (*var).get_handler = v.get_handler;
+        (*var).data = v.data;
+    }
+    NGX_OK as ngx_int_t
+}
+
+unsafe extern "C" fn get(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_variable_value_t,
+    data: usize,
+) -> ngx_int_t {
+    let v = &mut *v;
+    v.set_not_found(1);
+    let (Some(ctx), Some(mcf)) = (find_ctx(r), RateLimit::main_conf(&*r)) else {
+        return NGX_OK as ngx_int_t;
+    };
+    let ctx = ctx.as_ref();
+    if data == STATUS {
+        return set(v, ctx.status.as_bytes().as_ptr() as *mut u8, ctx.status.as_bytes().len());
+    }
+    let Some((limit, remaining, reset)) = quota_figures(ctx, mcf) else {
+        return NGX_OK as ngx_int_t;
+    };
+    let n = match data {
+        LIMIT => limit,
+        REMAINING => remaining,
+        _ => reset,
+    };
+    let text = n.to_string();
+    let p = ngx_pnalloc((*r).pool, text.len()) as *mut u8;
+    if p.is_null() {
+        return NGX_ERROR as ngx_int_t;
+    }
+    core::ptr::copy_nonoverlapping(text.as_ptr(), p, text.len());
+    set(v, p, text.len())
+}
+
+fn set(v: &mut ngx_variable_value_t, data: *mut u8, len: usize) -> ngx_int_t {
+    v.data = data;
+    v.set_len(len as u32);
+    v.set_valid(1);
+    v.set_no_cacheable(0);
+    v.set_not_found(0);
+    NGX_OK as ngx_int_t
+}
