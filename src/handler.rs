@@ -130,7 +130,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
     let sha = &mcf.script_sha;
-    match pool.submit(NonNull::from(&mut ctx.waiter), |out| ctx.args.write_evalsha(out, sha)) {
+    match pool.submit(NonNull::from(&mut ctx.waiter), 0, |out| ctx.args.write_evalsha(out, sha)) {
         Ok(token) => {
             ctx.waiter.token = Some(token);
             ngx_add_timer(&mut ctx.ev, redis.timeout);
@@ -253,8 +253,8 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     ngx_http_run_posted_requests(c);
 }
 
-/// Redis lost the script (restart, `SCRIPT FLUSH`): send it whole, once, within the same
-/// deadline.
+/// Redis lost the script (restart, `SCRIPT FLUSH`): send it whole with `EVAL`, once, within the
+/// same deadline, preceded by `SCRIPT LOAD` so that the decisions after this one find it again.
 unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let noscript = matches!(
         &ctx.waiter.result,
@@ -267,8 +267,10 @@ unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let Some(pool) = WorkerPool::get(mcf) else { return false };
     ctx.waiter.result = None;
     let args = &ctx.args;
-    match pool.submit(NonNull::from(&mut ctx.waiter), |out| {
-        args.write_eval(out, script::SLIDING_LOG.as_bytes())
+    let body = script::SLIDING_LOG.as_bytes();
+    match pool.submit(NonNull::from(&mut ctx.waiter), 1, |out| {
+        script::write_script_load(out, body);
+        args.write_eval(out, body);
     }) {
         Ok(token) => {
             ctx.waiter.token = Some(token);

@@ -17,6 +17,14 @@ pub fn sha1_hex(body: &[u8]) -> [u8; 40] {
     hex
 }
 
+/// Appends `SCRIPT LOAD body`.
+pub fn write_script_load(out: &mut Vec<u8>, body: &[u8]) {
+    resp::put_array_len(out, 3);
+    resp::put_bulk(out, b"SCRIPT");
+    resp::put_bulk(out, b"LOAD");
+    resp::put_bulk(out, body);
+}
+
 /// One zone's share of a decision's arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZoneArgs<'a> {
@@ -189,6 +197,13 @@ mod tests {
             .arg(60_000)
             .get_packed_command();
         assert_eq!(eval_cmd, want);
+    }
+
+    #[test]
+    fn script_load() {
+        let mut out = Vec::new();
+        write_script_load(&mut out, b"return 1");
+        assert_eq!(out, redis::cmd("SCRIPT").arg("LOAD").arg("return 1").get_packed_command());
     }
 
     #[test]

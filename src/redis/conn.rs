@@ -117,14 +117,17 @@ impl Conn {
     pub unsafe fn push(
         this: NonNull<Conn>,
         waiter: NonNull<Waiter>,
+        discarded: usize,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> Token {
         let conn = &mut *this.as_ptr();
+        let was_idle = conn.slots.is_empty();
         write(&mut conn.out);
+        conn.slots.extend(core::iter::repeat_n(None, discarded));
         let seq = conn.head_seq + conn.slots.len() as u64;
         conn.slots.push_back(Some(waiter));
         let rev = (*conn.c()).read;
-        if conn.slots.len() == 1 {
+        if was_idle {
             // Leaving idle: the keepalive timer becomes the reply deadline.
             (*conn.c()).set_idle(0);
             ngx_add_timer(rev, (*conn.pool).conf().timeout);

@@ -109,16 +109,18 @@ impl WorkerPool {
         unsafe { &*self.conf }
     }
 
-    /// Queues a command for `waiter`; `write` appends the command's bytes. The command goes out
-    /// with everything else queued in this event-loop iteration.
+    /// Queues commands for `waiter`; `write` appends their bytes. Only the last command's reply
+    /// goes to the waiter: the `discarded` ones before it are set-up whose replies are dropped.
+    /// Everything queued in one event-loop iteration goes out in one write.
     pub fn submit(
         &mut self,
         waiter: NonNull<Waiter>,
+        discarded: usize,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> Result<Token, RedisError> {
         let conn = self.pick()?;
         // SAFETY: `pick` returns a live connection of this pool.
-        Ok(unsafe { Conn::push(conn, waiter, write) })
+        Ok(unsafe { Conn::push(conn, waiter, discarded, write) })
     }
 
     fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
