@@ -7,8 +7,8 @@ use core::ptr;
 
 use ngx::core::NGX_CONF_ERROR;
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_complex_value_t, ngx_msec_t, ngx_uint_t, sockaddr, socklen_t, NGX_LOG_EMERG,
-    NGX_LOG_ERR,
+    ngx_conf_t, ngx_http_complex_value_t, ngx_msec_t, ngx_uint_t, sockaddr, socklen_t,
+    NGX_LOG_EMERG, NGX_LOG_ERR,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;

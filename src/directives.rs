@@ -8,9 +8,9 @@ use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
     ngx_http_complex_value_t, ngx_parse_url, ngx_pcalloc, ngx_str_t, ngx_uint_t, ngx_url_t,
-    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
-    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
-    NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR,
+    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_string};
 
@@ -28,17 +28,59 @@ const fn command(
     set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
     conf: usize,
 ) -> ngx_command_t {
-    ngx_command_t { name, type_: type_ as ngx_uint_t, set: Some(set), conf, offset: 0, post: ptr::null_mut() }
+    ngx_command_t {
+        name,
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf,
+        offset: 0,
+        post: ptr::null_mut(),
+    }
 }
 
 pub static mut COMMANDS: [ngx_command_t; 8] = [
-    command(ngx_string!("ratelimit_redis"), NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE, cmd_redis, NGX_HTTP_MAIN_CONF_OFFSET),
-    command(ngx_string!("ratelimit_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE, cmd_zone, NGX_HTTP_MAIN_CONF_OFFSET),
-    command(ngx_string!("ratelimit"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_ratelimit, NGX_HTTP_LOC_CONF_OFFSET),
-    command(ngx_string!("ratelimit_fail"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_fail, NGX_HTTP_LOC_CONF_OFFSET),
-    command(ngx_string!("ratelimit_status"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_status, NGX_HTTP_LOC_CONF_OFFSET),
-    command(ngx_string!("ratelimit_headers"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_headers, NGX_HTTP_LOC_CONF_OFFSET),
-    command(ngx_string!("ratelimit_log_level"), LOC_CONTEXTS | NGX_CONF_TAKE1, cmd_log_level, NGX_HTTP_LOC_CONF_OFFSET),
+    command(
+        ngx_string!("ratelimit_redis"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
+        cmd_redis,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_zone"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
+        cmd_zone,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit"),
+        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        cmd_ratelimit,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_fail"),
+        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        cmd_fail,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_status"),
+        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        cmd_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_headers"),
+        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        cmd_headers,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_log_level"),
+        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        cmd_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
     ngx_command_t::empty(),
 ];
 
@@ -60,7 +102,11 @@ fn text(s: &ngx_str_t) -> &str {
 /// Logs `invalid <what> "<value>" in "<directive>" directive` and fails the configuration.
 unsafe fn invalid(cf: *mut ngx_conf_t, what: &str, value: &str) -> *mut c_char {
     let directive = text(&args(cf)[0]);
-    ngx_conf_log_error!(NGX_LOG_EMERG, cf, "invalid {what} \"{value}\" in \"{directive}\" directive");
+    ngx_conf_log_error!(
+        NGX_LOG_EMERG,
+        cf,
+        "invalid {what} \"{value}\" in \"{directive}\" directive"
+    );
     NGX_CONF_ERROR as _
 }
 
@@ -84,7 +130,11 @@ unsafe extern "C" fn cmd_redis(
             core::ffi::CStr::from_ptr(url.err).to_str().unwrap_or("invalid address")
         };
         let addr = text(&args[1]);
-        ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{reason} in \"{addr}\" of the \"ratelimit_redis\" directive");
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "{reason} in \"{addr}\" of the \"ratelimit_redis\" directive"
+        );
         return NGX_CONF_ERROR as _;
     }
     let addr = &*url.addrs;
@@ -110,7 +160,10 @@ unsafe extern "C" fn cmd_redis(
                 parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
             }
             "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
-            "prefix" => Some(redis.prefix = value.as_bytes().to_vec()),
+            "prefix" => {
+                redis.prefix = value.as_bytes().to_vec();
+                Some(())
+            }
             _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
@@ -135,7 +188,11 @@ unsafe extern "C" fn cmd_zone(
         return invalid(cf, "zone name", name);
     }
     if mcf.zones.iter().any(|z| z.name == name) {
-        ngx_conf_log_error!(NGX_LOG_EMERG, cf, "duplicate zone \"{name}\" in \"ratelimit_zone\" directive");
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "duplicate zone \"{name}\" in \"ratelimit_zone\" directive"
+        );
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window_ms, mut clock) = (None, None, None, Clock::Redis);
@@ -149,10 +206,11 @@ unsafe extern "C" fn cmd_zone(
                 .filter(|w| (1..=MAX_WINDOW_MS).contains(w))
                 .map(|w| window_ms = Some(w)),
             "clock" => match value {
-                "redis" => Some(clock = Clock::Redis),
-                "nginx" => Some(clock = Clock::Nginx),
+                "redis" => Some(Clock::Redis),
+                "nginx" => Some(Clock::Nginx),
                 _ => None,
-            },
+            }
+            .map(|c| clock = c),
             _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
@@ -259,7 +317,8 @@ unsafe extern "C" fn cmd_headers(
     conf: *mut c_void,
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
-    let table = [("legacy", HeaderMode::Legacy), ("draft", HeaderMode::Draft), ("off", HeaderMode::Off)];
+    let table =
+        [("legacy", HeaderMode::Legacy), ("draft", HeaderMode::Draft), ("off", HeaderMode::Off)];
     set_keyword(cf, &mut lcf.headers, &table)
 }
 

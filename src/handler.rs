@@ -9,8 +9,8 @@ use ngx::ffi::{
     ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
     ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_complex_value, ngx_http_log_ctx_t,
     ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t,
-    ngx_list_push, ngx_msec_t, ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday,
-    NGX_AGAIN, NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
+    ngx_list_push, ngx_msec_t, ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday, NGX_AGAIN,
+    NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -118,7 +118,11 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         .zones
         .iter()
         .zip(&keys)
-        .map(|(&z, k)| ZoneArgs { key: k, limit: mcf.zones[z].limit, window_ms: mcf.zones[z].window_ms })
+        .map(|(&z, k)| ZoneArgs {
+            key: k,
+            limit: mcf.zones[z].limit,
+            window_ms: mcf.zones[z].window_ms,
+        })
         .collect();
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|&z| mcf.zones[z].clock == Clock::Nginx).then(|| {
@@ -395,4 +399,3 @@ pub fn quota_figures(ctx: &Ctx, mcf: &MainConf) -> Option<(u64, u64, u64)> {
     let (zone, remaining, reset_ms) = ctx.quota?;
     Some((mcf.zones[zone].limit, remaining, headers::ceil_secs(reset_ms)))
 }
-

@@ -4,12 +4,13 @@ use core::ffi::{c_char, c_void};
 use core::ptr::{addr_of, addr_of_mut};
 
 use ngx::core::{Status, NGX_CONF_ERROR};
-use ngx::ngx_string;
 use ngx::ffi::{
-    ngx_array_push, ngx_conf_t, ngx_http_get_variable_index, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
-    ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_HTTP_MODULE,
+    ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_get_variable_index, ngx_http_handler_pt,
+    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t,
+    NGX_HTTP_MODULE,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::ngx_string;
 
 use crate::conf::{merge_loc_conf, LocConf, MainConf};
 use crate::redis::pool::WorkerPool;

@@ -245,7 +245,8 @@ mod tests {
             decode_decision(&Reply::Error(b"WRONGTYPE Operation".to_vec()), 1),
             Err(ReplyError::Redis("WRONGTYPE Operation".into()))
         );
-        for bad in [ints(&[1, 1, 2]), ints(&[2, 1, 2, 3]), ints(&[1, 0, 2, 3]), ints(&[1, 1, -2, 3])]
+        for bad in
+            [ints(&[1, 1, 2]), ints(&[2, 1, 2, 3]), ints(&[1, 0, 2, 3]), ints(&[1, 1, -2, 3])]
         {
             assert_eq!(decode_decision(&bad, 1), Err(ReplyError::Unexpected), "{bad:?}");
         }

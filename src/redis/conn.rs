@@ -6,11 +6,11 @@ use core::ptr::{self, NonNull};
 use std::collections::VecDeque;
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle, ngx_del_timer,
-    ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer, ngx_event_t, ngx_exiting, getsockopt, socklen_t, SOL_SOCKET, SO_ERROR,
+    getsockopt, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle, ngx_del_timer,
+    ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer, ngx_event_t, ngx_exiting,
     ngx_handle_read_event, ngx_handle_write_event, ngx_log_t, ngx_peer_connection_t,
-    ngx_post_event, ngx_posted_events, ngx_str_t, ngx_tcp_nodelay, NGX_AGAIN, NGX_LOG_EMERG,
-    NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_OK,
+    ngx_post_event, ngx_posted_events, ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
 use ngx::ngx_log_error;
 
@@ -244,7 +244,9 @@ impl Conn {
         }
         conn.inbuf.drain(..pos);
         if eof {
-            return Conn::close(this, RedisError::Closed, true);
+            // Redis closing an idle connection (its `timeout`, a restart) is no outage.
+            let busy = !conn.slots.is_empty();
+            return Conn::close(this, RedisError::Closed, busy);
         }
         let pool = &mut *conn.pool;
         if progressed && pool.down {

@@ -54,7 +54,11 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
     decode_at(buf, 0, 0)
 }
 
-fn decode_at(buf: &[u8], pos: usize, depth: usize) -> Result<Option<(Reply, usize)>, ProtocolError> {
+fn decode_at(
+    buf: &[u8],
+    pos: usize,
+    depth: usize,
+) -> Result<Option<(Reply, usize)>, ProtocolError> {
     if depth > MAX_DEPTH {
         return Err(ProtocolError::TooDeep);
     }
@@ -210,7 +214,10 @@ mod tests {
     fn decodes_every_type() {
         let cases: Vec<(&[u8], Reply)> = vec![
             (b"+OK\r\n", Reply::Status(b"OK".to_vec())),
-            (b"-NOSCRIPT No matching script\r\n", Reply::Error(b"NOSCRIPT No matching script".to_vec())),
+            (
+                b"-NOSCRIPT No matching script\r\n",
+                Reply::Error(b"NOSCRIPT No matching script".to_vec()),
+            ),
             (b":-42\r\n", Reply::Int(-42)),
             (b"$3\r\na\r\n\r\n", Reply::Bulk(Some(b"a\r\n".to_vec()))),
             (b"$-1\r\n", Reply::Bulk(None)),
