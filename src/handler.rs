@@ -241,8 +241,12 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     if ctx.waiter.result.is_none() || resubmitted_as_eval(ctx, mcf) {
         return;
     }
+    // The reply and the deadline can arrive in the same event-loop iteration.
     if ctx.ev.timer_set() != 0 {
         ngx_del_timer(&mut ctx.ev);
+    }
+    if ctx.ev.posted() != 0 {
+        ngx_delete_posted_event(&mut ctx.ev);
     }
     decide(ctx, lcf);
 
