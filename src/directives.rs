@@ -16,7 +16,7 @@ use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, RedisConf, Zone};
 use crate::headers::HeaderMode;
-use crate::params::{parse_msec, parse_uint, split_param};
+use crate::params::{parse_msec, parse_uint, split_param, valid_zone_name};
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 const MAX_LIMIT: u64 = 1_000_000_000;
@@ -184,7 +184,7 @@ unsafe extern "C" fn cmd_zone(
     let mcf = &mut *(conf as *mut MainConf);
     let args = args(cf);
     let name = text(&args[1]);
-    if name.is_empty() || name.contains(['=', '"']) {
+    if !valid_zone_name(name) {
         return invalid(cf, "zone name", name);
     }
     if mcf.zones.iter().any(|z| z.name == name) {

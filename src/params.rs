@@ -41,6 +41,14 @@ pub fn parse_uint(value: &str, min: u64, max: u64) -> Option<u64> {
     value.parse().ok().filter(|n| (min..=max).contains(n))
 }
 
+/// Zone names appear in Redis keys and, quoted, in the draft RateLimit headers, so they are kept
+/// to characters that need no escaping in either.
+pub fn valid_zone_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
 /// Splits `name=value`; the value may itself contain `=`.
 pub fn split_param(arg: &str) -> Option<(&str, &str)> {
     arg.split_once('=').filter(|(name, _)| !name.is_empty())
@@ -72,6 +80,16 @@ mod tests {
         assert_eq!(parse_uint("+5", 1, 1000), None);
         assert_eq!(parse_uint("abc", 1, 1000), None);
         assert_eq!(parse_uint("", 1, 1000), None);
+    }
+
+    #[test]
+    fn zone_names() {
+        for ok in ["api", "per-ip", "plan_gold", "v1.users"] {
+            assert!(valid_zone_name(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a\"b", "a:b", "a=b", "ä", &"x".repeat(65)] {
+            assert!(!valid_zone_name(bad), "{bad}");
+        }
     }
 
     #[test]
