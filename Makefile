@@ -1,0 +1,300 @@
+# ngx_http_ratelimit: build, run and test.
+#
+#   make build          module + matching nginx from the vendored nginx 1.28.3 (nginx-src crate)
+#                       -> build/ngx_http_ratelimit_module.so, build/nginx
+#   make build-system   module for Debian's packaged nginx (nginx-dev sources, 1.22.1)
+#                       -> build/system/ngx_http_ratelimit_module.so (loads into /usr/sbin/nginx)
+#   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
+#   make test           cargo test + prove -r t (vendored build; system build too if present)
+#   make bench          wrk benchmark, unlimited vs limited location (bench/run.sh)
+#   make fmt | lint | clean
+#
+# Missing Debian packages are installed with apt-get (as root, or through sudo), without
+# starting their services.
+# Set SKIP_APT=1 to skip that check on a machine that provides the dependencies otherwise.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := build
+MAKEFLAGS += --no-print-directory
+# Recipes are scripts that say what they do; `make V=1 ...` shows them as well.
+ifndef V
+.SILENT:
+endif
+
+CARGO        ?= cargo
+CARGO_FLAGS  ?=
+PROVE        ?= prove
+PROVE_FLAGS  ?= -r
+# Suites run against the system nginx (Debian's 1.22.1 + libnginx-mod-http-lua).
+SYSTEM_SUITES ?= t
+PORT         ?= 8080
+
+ROOT       := $(abspath .)
+BUILD      := $(ROOT)/build
+SYS_BUILD  := $(BUILD)/system
+MODULE     := $(BUILD)/ngx_http_ratelimit_module.so
+NGINX      := $(BUILD)/nginx
+SYS_MODULE := $(SYS_BUILD)/ngx_http_ratelimit_module.so
+SYS_NGINX  ?= /usr/sbin/nginx
+SYS_SRC    ?= /usr/share/nginx/src
+SYS_MODDIR ?= /usr/lib/nginx/modules
+# The system build has its own target dir so that it never invalidates the vendored one.
+SYS_TARGET := $(ROOT)/target/system
+
+# Debian packages, by purpose.
+APT_BUILD  := gcc make libclang-dev libpcre2-dev libssl-dev zlib1g-dev
+APT_SYSTEM := nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua
+APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl
+APT_RUN    := redis-server redis-tools curl
+APT_BENCH  := redis-server redis-tools wrk curl
+APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH))
+
+# $(call apt_ensure,packages): install those of the packages that are not installed yet.
+define apt_ensure
+if [ "$${SKIP_APT:-}" = 1 ] || ! command -v dpkg-query >/dev/null; then exit 0; fi
+missing=""
+for p in $(1); do
+	dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"
+done
+[ -z "$$missing" ] && exit 0
+echo "==> installing missing packages:$$missing"
+if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo=sudo; else
+	echo "error: missing packages:$$missing (run as root or install them; SKIP_APT=1 skips this check)" >&2; exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+# Install without starting the packages' services (nginx on :80, redis on :6379): the project
+# starts its own servers on free loopback ports.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+	printf '#!/bin/sh\nexit 101\n' | $$sudo tee /usr/sbin/policy-rc.d >/dev/null
+	$$sudo chmod 755 /usr/sbin/policy-rc.d
+	trap '$$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+$$sudo apt-get update -q
+$$sudo apt-get install -y -q --no-install-recommends $$missing
+endef
+
+.PHONY: build build-system run test test-unit test-vendored test-system bench \
+        smoke smoke-system fmt fmt-check lint clean \
+        deps deps-build deps-system deps-test deps-run deps-bench print-apt-packages
+
+# ---------------------------------------------------------------------------------------------
+# dependencies
+
+print-apt-packages:
+	@echo $(APT_ALL)
+
+deps:
+	@$(call apt_ensure,$(APT_ALL))
+deps-build:
+	@$(call apt_ensure,$(APT_BUILD))
+deps-system:
+	@$(call apt_ensure,$(APT_BUILD) $(APT_SYSTEM))
+deps-test:
+	@$(call apt_ensure,$(APT_BUILD) $(APT_TEST))
+deps-run:
+	@$(call apt_ensure,$(APT_BUILD) $(APT_RUN))
+deps-bench:
+	@$(call apt_ensure,$(APT_BUILD) $(APT_BENCH))
+
+# ---------------------------------------------------------------------------------------------
+# vendored build: nginx 1.28.3 from the nginx-src crate, compiled by nginx-sys's build script.
+#
+# build.rs records where that nginx was built (DEP_NGINX_BUILD_DIR) in
+# target/release/nginx-build-dir; the nginx binary is <that dir>/nginx.
+
+build: deps-build
+	echo "==> cargo build --release (vendored nginx)"
+	mkdir -p $(BUILD)
+	env -u NGINX_BUILD_DIR -u NGINX_SOURCE_DIR $(CARGO) build --release $(CARGO_FLAGS)
+	so=$(ROOT)/target/release/libngx_http_ratelimit.so
+	objs=$$(cat $(ROOT)/target/release/nginx-build-dir)
+	[ -x "$$objs/nginx" ] || { echo "error: vendored nginx binary not found in '$$objs'" >&2; exit 1; }
+	install -m 0644 "$$so" $(MODULE)
+	install -m 0755 "$$objs/nginx" $(NGINX)
+	echo "==> $(MODULE)"
+	echo "==> $(NGINX) ($$($(NGINX) -v 2>&1 | sed 's/.*: //'), from $$objs)"
+	$(MAKE) smoke
+
+# `nginx -t` that loads the module into build/nginx (catches version/signature mismatches).
+smoke:
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT
+	mkdir -p "$$tmp/logs"
+	printf '%s\n' 'load_module $(MODULE);' 'error_log stderr notice;' 'pid nginx.pid;' \
+	  'events {}' 'http { access_log off; server { listen 127.0.0.1:1; return 204; } }' > "$$tmp/nginx.conf"
+	$(NGINX) -p "$$tmp/" -c "$$tmp/nginx.conf" -t -q
+	echo "==> smoke: build/nginx loads build/ngx_http_ratelimit_module.so"
+
+# ---------------------------------------------------------------------------------------------
+# system build: Debian's nginx 1.22.1 (package nginx-dev ships the configured-by-Debian source
+# and the configure flags in conf_flags; Debian's own module packages configure it the same
+# way, see /usr/share/perl5/Debian/Debhelper/Buildsystem/nginx_mod.pm). Only `configure` is
+# needed: nginx-sys reads objs/Makefile and objs/ngx_auto_config.h for bindgen.
+
+build-system: deps-system
+	[ -f $(SYS_SRC)/conf_flags ] || { echo "error: $(SYS_SRC)/conf_flags not found (package nginx-dev)" >&2; exit 1; }
+	ver=$$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' $(SYS_SRC)/src/core/nginx.h)
+	tree=$(SYS_BUILD)/nginx-$$ver
+	cflags="$$(dpkg-buildflags --get CFLAGS 2>/dev/null || echo '-g -O2') -fPIC $$(dpkg-buildflags --get CPPFLAGS 2>/dev/null || true)"
+	ldflags="$$(dpkg-buildflags --get LDFLAGS 2>/dev/null || true) -fPIC"
+	stamp="$$ver|$$(cat $(SYS_SRC)/conf_flags)|$$cflags|$$ldflags"
+	if [ -f "$$tree/objs/ngx_auto_config.h" ] && [ "$$(cat "$$tree/.configured" 2>/dev/null)" = "$$stamp" ]; then
+	  echo "==> $$tree already configured"
+	else
+	  echo "==> configuring nginx $$ver in $$tree with $(SYS_SRC)/conf_flags"
+	  rm -rf "$$tree"; mkdir -p $(SYS_BUILD); cp -a $(SYS_SRC) "$$tree"
+	  ( cd "$$tree" && . ./conf_flags && \
+	    ./configure --with-cc-opt="$$cflags" --with-ld-opt="$$ldflags" "$${NGX_CONF_FLAGS[@]}" ) \
+	    > "$$tree/configure.log" 2>&1 || { tail -n 30 "$$tree/configure.log"; exit 1; }
+	  echo "$$stamp" > "$$tree/.configured"
+	fi
+	echo "==> cargo build --release against $$tree/objs (CARGO_TARGET_DIR=$(SYS_TARGET))"
+	env -u NGINX_SOURCE_DIR CARGO_TARGET_DIR=$(SYS_TARGET) NGINX_BUILD_DIR="$$tree/objs" \
+	  $(CARGO) build --release $(CARGO_FLAGS) --no-default-features --features export-modules
+	install -m 0644 $(SYS_TARGET)/release/libngx_http_ratelimit.so $(SYS_MODULE)
+	echo "==> $(SYS_MODULE) (for $(SYS_NGINX), nginx $$ver)"
+	$(MAKE) smoke-system
+
+# Load ndk + lua + our module into /usr/sbin/nginx, start it on a free loopback port and serve
+# one static and one Lua request.
+smoke-system:
+	tmp=$$(mktemp -d); pidf="$$tmp/nginx.pid"
+	cleanup() {
+	  if [ -s "$$pidf" ]; then
+	    pid=$$(cat "$$pidf"); kill "$$pid" 2>/dev/null || true
+	    for i in $$(seq 1 50); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done
+	  fi
+	  rm -rf "$$tmp"
+	}
+	trap cleanup EXIT
+	port=""; for p in $$(seq 18080 18180); do (exec 3<>/dev/tcp/127.0.0.1/$$p) 2>/dev/null || { port=$$p; break; }; done
+	[ -n "$$port" ] || { echo "error: no free port" >&2; exit 1; }
+	mkdir -p "$$tmp/html" "$$tmp/tmp"; echo static-ok > "$$tmp/html/index.html"
+	cat > "$$tmp/nginx.conf" <<-EOF
+	load_module $(SYS_MODDIR)/ndk_http_module.so;
+	load_module $(SYS_MODDIR)/ngx_http_lua_module.so;
+	load_module $(SYS_MODULE);
+	error_log $$tmp/error.log notice;
+	pid $$pidf;
+	worker_processes 1;
+	events { worker_connections 64; }
+	http {
+	    access_log off;
+	    client_body_temp_path $$tmp/tmp/body; proxy_temp_path $$tmp/tmp/proxy;
+	    fastcgi_temp_path $$tmp/tmp/fastcgi; uwsgi_temp_path $$tmp/tmp/uwsgi; scgi_temp_path $$tmp/tmp/scgi;
+	    server {
+	        listen 127.0.0.1:$$port;
+	        root $$tmp/html;
+	        location = /lua { content_by_lua_block { ngx.say("lua-ok") } }
+	    }
+	}
+	EOF
+	chmod -R a+rX "$$tmp"
+	$(SYS_NGINX) -p "$$tmp/" -c "$$tmp/nginx.conf" -t -q
+	$(SYS_NGINX) -p "$$tmp/" -c "$$tmp/nginx.conf"
+	for i in $$(seq 1 50); do [ -s "$$pidf" ] && (exec 3<>/dev/tcp/127.0.0.1/$$port) 2>/dev/null && break; sleep 0.1; done
+	a=$$(curl -sS --max-time 5 http://127.0.0.1:$$port/index.html)
+	b=$$(curl -sS --max-time 5 http://127.0.0.1:$$port/lua)
+	if [ "$$a" != static-ok ] || [ "$$b" != lua-ok ] || grep -E '\[(alert|crit|emerg)\]' "$$tmp/error.log"; then
+	  echo "error: smoke-system failed: static='$$a' lua='$$b'" >&2; cat "$$tmp/error.log" >&2; exit 1
+	fi
+	echo "==> smoke-system: $(SYS_NGINX) loaded ndk + lua + ngx_http_ratelimit_module and served static + lua"
+
+# ---------------------------------------------------------------------------------------------
+# run: redis-server + nginx (foreground) with nginx/quickstart.conf on 127.0.0.1:$(PORT)
+
+run: deps-run
+	$(MAKE) build
+	prefix=$(BUILD)/run
+	rm -rf "$$prefix"; mkdir -p "$$prefix/logs" "$$prefix/html" "$$prefix/conf" "$$prefix/tmp"
+	if (exec 3<>/dev/tcp/127.0.0.1/$(PORT)) 2>/dev/null; then
+	  echo "error: 127.0.0.1:$(PORT) is in use; try: make run PORT=8081" >&2; exit 1
+	fi
+	rport=""; for p in $$(seq 6379 6479); do (exec 3<>/dev/tcp/127.0.0.1/$$p) 2>/dev/null || { rport=$$p; break; }; done
+	[ -n "$$rport" ] || { echo "error: no free port for redis-server" >&2; exit 1; }
+	echo '<h1>ngx_http_ratelimit quickstart</h1>' > "$$prefix/html/index.html"
+	sed -e "s|@MODULE@|$(MODULE)|g" -e "s|@REDIS@|127.0.0.1:$$rport|g" \
+	    -e "s|@LISTEN@|127.0.0.1:$(PORT)|g" -e "s|@ROOT@|$$prefix/html|g" \
+	    nginx/quickstart.conf > "$$prefix/conf/nginx.conf"
+	chmod -R a+rX "$$prefix"
+	redis_pid=""
+	cleanup() { if [ -n "$$redis_pid" ]; then kill "$$redis_pid" 2>/dev/null || true; wait "$$redis_pid" 2>/dev/null || true; fi; }
+	trap cleanup EXIT
+	trap 'exit 130' INT TERM
+	redis-server --bind 127.0.0.1 --port "$$rport" --save '' --appendonly no --dir "$$prefix" \
+	  --logfile "$$prefix/logs/redis.log" &
+	redis_pid=$$!
+	for i in $$(seq 1 50); do redis-cli -p "$$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+	redis-cli -p "$$rport" ping >/dev/null || { echo "error: redis-server did not start" >&2; cat "$$prefix/logs/redis.log" >&2; exit 1; }
+	$(NGINX) -p "$$prefix/" -c "$$prefix/conf/nginx.conf" -t -q
+	# (printf, not a here-document: make strips leading blanks and "-" from recipe lines)
+	u=http://127.0.0.1:$(PORT)/
+	printf '%s\n' "" \
+	  "  redis-server on 127.0.0.1:$$rport (pid $$redis_pid); nginx on $$u (Ctrl-C stops both)" \
+	  "  Limit: 5 requests per rolling 10 s per X-Consumer-Id (per client address without it)." \
+	  "" \
+	  "  Try, in another terminal:" \
+	  "    for i in \$$(seq 1 7); do curl -s -o /dev/null -w '%{http_code}\n' -H 'X-Consumer-Id: alice' $$u; done" \
+	  "        # -> 200 200 200 200 200 429 429" \
+	  "    curl -i -H 'X-Consumer-Id: alice' $$u   # 429 with Retry-After and RateLimit-* headers" \
+	  "    curl -i -H 'X-Consumer-Id: bob' $$u     # another consumer: 200, RateLimit-Remaining: 4" \
+	  "    curl -i $$u                             # no header: keyed by the client address" \
+	  "    redis-cli -p $$rport --scan                     # the sorted sets, rl:quickstart:<key>" \
+	  "" \
+	  "  The access log below shows \$$ratelimit_status, \$$ratelimit_remaining and \$$ratelimit_reset." \
+	  ""
+	$(NGINX) -p "$$prefix/" -c "$$prefix/conf/nginx.conf"
+
+# ---------------------------------------------------------------------------------------------
+# tests
+
+test: deps-test
+	$(MAKE) build
+	rc=0
+	$(MAKE) test-unit || rc=1
+	$(MAKE) test-vendored || rc=1
+	if [ -f $(SYS_MODULE) ]; then $(MAKE) test-system || rc=1
+	else echo "==> skipping test-system: no $(SYS_MODULE) (run make build-system)"; fi
+	exit $$rc
+
+# Unit tests (pure Rust, no nginx symbols). --release reuses the vendored nginx of `make build`
+# instead of compiling another one for the dev profile.
+test-unit:
+	echo "==> cargo test --release"
+	env -u NGINX_BUILD_DIR -u NGINX_SOURCE_DIR $(CARGO) test --release $(CARGO_FLAGS)
+
+test-vendored:
+	[ -x $(NGINX) ] && [ -f $(MODULE) ] || { echo "error: run make build first" >&2; exit 1; }
+	echo "==> prove $(PROVE_FLAGS) t   (nginx: $(NGINX))"
+	TEST_NGINX_BINARY=$(NGINX) TEST_NGINX_MODULE=$(MODULE) TEST_NGINX_FLAVOR=vendored \
+	  $(PROVE) $(PROVE_FLAGS) t
+
+test-system: deps-test
+	[ -f $(SYS_MODULE) ] || { echo "error: run make build-system first" >&2; exit 1; }
+	echo "==> prove $(PROVE_FLAGS) $(SYSTEM_SUITES)   (nginx: $(SYS_NGINX) + lua)"
+	TEST_NGINX_BINARY=$(SYS_NGINX) TEST_NGINX_MODULE=$(SYS_MODULE) TEST_NGINX_FLAVOR=system \
+	TEST_NGINX_SERVROOT_BASE=$${TEST_NGINX_SERVROOT_BASE:-$(ROOT)/t/servroot-system} \
+	TEST_NGINX_LOAD_LUA=1 \
+	TEST_NGINX_LOAD_MODULES="$(SYS_MODDIR)/ndk_http_module.so $(SYS_MODDIR)/ngx_http_lua_module.so" \
+	  $(PROVE) $(PROVE_FLAGS) $(SYSTEM_SUITES)
+
+# ---------------------------------------------------------------------------------------------
+
+bench: deps-bench
+	$(MAKE) build
+	bench/run.sh
+
+fmt:
+	$(CARGO) fmt --all
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+# --release: shares the vendored nginx build with `make build`.
+lint: fmt-check
+	env -u NGINX_BUILD_DIR -u NGINX_SOURCE_DIR $(CARGO) clippy --release --all-targets $(CARGO_FLAGS) -- -D warnings
+
+clean:
+	rm -rf $(BUILD) t/servroot t/servroot-system
+	$(CARGO) clean
