@@ -32,7 +32,7 @@ pub enum FailPolicy {
 }
 
 pub struct RedisConf {
-    /// Both point into the configuration cycle's pool, which outlives every worker's use.
+    /// Points into the configuration cycle's pool, which outlives every worker's use.
     pub sockaddr: *mut sockaddr,
     pub socklen: socklen_t,
     /// The address as written, for log messages.
