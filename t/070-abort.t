@@ -72,5 +72,5 @@ is($after, $worker, 'the worker never crashed (same pid)');
 ok(stop_nginx(), 'nginx quits gracefully');
 my $log = error_log_text();
 check_no_alerts($log, 'abort');
-like(access_log_text(), qr/^499 /m, 'aborted requests are logged as 499');
+like(access_log_text(), qr/^499 PENDING /m, 'aborted requests are logged as 499 with $ratelimit_status PENDING');
 done_testing();

@@ -54,6 +54,6 @@ is($after, $worker, 'the worker never crashed (same pid)');
 
 ok(stop_nginx(), 'nginx quits gracefully');
 check_no_alerts(error_log_text(), 'h2 abort');
-my @aborted = grep { m{^499 \S+ HTTP/2\.0 /t\?k=a\d$} } split /\n/, access_log_text();
+my @aborted = grep { m{^499 PENDING HTTP/2\.0 /t\?k=a\d$} } split /\n/, access_log_text();
 is(scalar @aborted, 5, 'the five abandoned streams are logged as 499');
 done_testing();
