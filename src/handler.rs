@@ -17,7 +17,7 @@ use ngx::ngx_log_error;
 
 use crate::conf::{Clock, FailPolicy, LocConf, MainConf};
 use crate::headers::{self, Quota};
-use crate::key;
+use crate::key::Key;
 use crate::module::RateLimit;
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
@@ -92,7 +92,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let ctx = &mut *ctx.as_ptr();
     let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
 
-    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(lcf.limits().len());
+    let mut zone_args: Vec<ZoneArgs<'_>> = Vec::with_capacity(lcf.limits().len());
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
         let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
@@ -103,9 +103,13 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         if value.len == 0 {
             continue;
         }
-        let mut k = Vec::new();
-        key::build(&mut k, &redis.prefix, zone.name.as_bytes(), value.as_bytes());
-        keys.push(k);
+        // The value lives in the request's pool, for the whole decision.
+        let value = core::slice::from_raw_parts(value.data, value.len);
+        zone_args.push(ZoneArgs {
+            key: Key::new(&redis.prefix, zone.name.as_bytes(), value),
+            limit: zone.limit,
+            window_ms: zone.window_ms,
+        });
         ctx.zones.push(limit.zone);
     }
     if ctx.zones.is_empty() {
@@ -114,16 +118,6 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         return NGX_DECLINED as ngx_int_t;
     }
 
-    let zone_args: Vec<ZoneArgs<'_>> = ctx
-        .zones
-        .iter()
-        .zip(&keys)
-        .map(|(&z, k)| ZoneArgs {
-            key: k,
-            limit: mcf.zones[z].limit,
-            window_ms: mcf.zones[z].window_ms,
-        })
-        .collect();
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|&z| mcf.zones[z].clock == Clock::Nginx).then(|| {
         let tp = ngx_timeofday();

@@ -4,16 +4,38 @@
 /// carry (and Redis store) a huge key.
 pub const MAX_RAW_KEY: usize = 4096;
 
-/// Appends the Redis key for `value` in `zone` to `out`.
-pub fn build(out: &mut Vec<u8>, prefix: &[u8], zone: &[u8], value: &[u8]) {
-    out.reserve(prefix.len() + zone.len() + 1 + value.len().min(40));
-    out.extend_from_slice(prefix);
-    out.extend_from_slice(zone);
-    out.push(b':');
-    if value.len() > MAX_RAW_KEY {
-        out.extend_from_slice(&crate::script::sha1_hex(value));
-    } else {
-        out.extend_from_slice(value);
+/// The Redis key of one zone for one request, kept as its parts so that it is written once,
+/// straight into the command, without being assembled in a buffer of its own first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key<'a> {
+    prefix: &'a [u8],
+    zone: &'a [u8],
+    value: Value<'a>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Value<'a> {
+    Raw(&'a [u8]),
+    Hashed([u8; 40]),
+}
+
+impl<'a> Key<'a> {
+    pub fn new(prefix: &'a [u8], zone: &'a [u8], value: &'a [u8]) -> Self {
+        let value = if value.len() > MAX_RAW_KEY {
+            Value::Hashed(crate::script::sha1_hex(value))
+        } else {
+            Value::Raw(value)
+        };
+        Key { prefix, zone, value }
+    }
+
+    /// The key's bytes, in order.
+    pub fn parts(&self) -> [&[u8]; 4] {
+        let value = match &self.value {
+            Value::Raw(v) => v,
+            Value::Hashed(h) => &h[..],
+        };
+        [self.prefix, self.zone, b":", value]
     }
 }
 
@@ -21,22 +43,22 @@ pub fn build(out: &mut Vec<u8>, prefix: &[u8], zone: &[u8], value: &[u8]) {
 mod tests {
     use super::*;
 
+    fn bytes(k: &Key<'_>) -> Vec<u8> {
+        k.parts().concat()
+    }
+
     #[test]
     fn short_keys_are_kept_raw() {
-        let mut k = Vec::new();
-        build(&mut k, b"rl:", b"api", b"consumer\r\n42");
-        assert_eq!(k, b"rl:api:consumer\r\n42");
+        assert_eq!(bytes(&Key::new(b"rl:", b"api", b"consumer\r\n42")), b"rl:api:consumer\r\n42");
     }
 
     #[test]
     fn long_keys_are_hashed() {
         let value = vec![b'x'; MAX_RAW_KEY + 1];
-        let mut k = Vec::new();
-        build(&mut k, b"rl:", b"api", &value);
+        let k = bytes(&Key::new(b"rl:", b"api", &value));
         assert_eq!(k.len(), "rl:api:".len() + 40);
         assert_eq!(&k[7..], &crate::script::sha1_hex(&value));
-        let mut exact = Vec::new();
-        build(&mut exact, b"", b"z", &value[..MAX_RAW_KEY]);
+        let exact = bytes(&Key::new(b"", b"z", &value[..MAX_RAW_KEY]));
         assert_eq!(exact.len(), 2 + MAX_RAW_KEY);
     }
 }

@@ -1,6 +1,7 @@
 //! The Redis script call: the script text and its hash, the command that carries one decision,
 //! and the decoding of the script's reply into a decision.
 
+use crate::key::Key;
 use crate::redis::resp::{self, Reply};
 
 /// The sliding-window log script, the single source of truth for the algorithm.
@@ -28,7 +29,7 @@ pub fn write_script_load(out: &mut Vec<u8>, body: &[u8]) {
 /// One zone's share of a decision's arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZoneArgs<'a> {
-    pub key: &'a [u8],
+    pub key: Key<'a>,
     pub limit: u64,
     pub window_ms: u64,
 }
@@ -44,12 +45,13 @@ pub struct EncodedArgs {
 impl EncodedArgs {
     /// `now_ms` is `None` for `clock=redis`: the script then reads Redis `TIME`.
     pub fn new(zones: &[ZoneArgs<'_>], now_ms: Option<u64>, member: &[u8]) -> Self {
+        let key_len = |z: &ZoneArgs<'_>| z.key.parts().iter().map(|p| p.len()).sum::<usize>();
         let mut bytes = Vec::with_capacity(
-            64 + member.len() + zones.iter().map(|z| z.key.len() + 48).sum::<usize>(),
+            64 + member.len() + zones.iter().map(|z| key_len(z) + 64).sum::<usize>(),
         );
         resp::put_bulk_int(&mut bytes, zones.len() as u64);
         for z in zones {
-            resp::put_bulk(&mut bytes, z.key);
+            resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
         match now_ms {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
@@ -170,7 +172,8 @@ mod tests {
 
     #[test]
     fn evalsha_and_eval_carry_the_same_args() {
-        let zones = [ZoneArgs { key: b"rl:api:a", limit: 100, window_ms: 60_000 }];
+        let zones =
+            [ZoneArgs { key: Key::new(b"rl:", b"api", b"a"), limit: 100, window_ms: 60_000 }];
         let args = EncodedArgs::new(&zones, Some(1_700_000_000_123), b"0123abcd");
         let mut sha_cmd = Vec::new();
         args.write_evalsha(&mut sha_cmd, &[b'f'; 40]);
@@ -208,7 +211,7 @@ mod tests {
 
     #[test]
     fn redis_clock_sends_an_empty_now() {
-        let zones = [ZoneArgs { key: b"k", limit: 1, window_ms: 1 }];
+        let zones = [ZoneArgs { key: Key::new(b"", b"z", b"k"), limit: 1, window_ms: 1 }];
         let mut cmd = Vec::new();
         EncodedArgs::new(&zones, None, b"m").write_evalsha(&mut cmd, &[b'0'; 40]);
         assert!(cmd.windows(6).any(|w| w == b"$0\r\n\r\n"));

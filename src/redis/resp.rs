@@ -152,10 +152,19 @@ pub fn put_array_len(out: &mut Vec<u8>, n: usize) {
 /// Appends one bulk-string argument. Arguments are always length-prefixed, so no byte in a key
 /// (CR, LF, NUL, spaces) can change the command's framing.
 pub fn put_bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    put_bulk_parts(out, &[arg]);
+}
+
+/// Appends one bulk-string argument made of several pieces, without joining them first.
+pub fn put_bulk_parts(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.reserve(len + 24);
     out.push(b'$');
-    put_usize(out, arg.len());
+    put_usize(out, len);
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(arg);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
     out.extend_from_slice(b"\r\n");
 }
 
