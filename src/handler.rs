@@ -344,10 +344,10 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
             reset_ms,
             rejected: ctx.status == Status::Rejected,
         };
-        for (name, value) in headers::format(lcf.headers(), &quota) {
-            if add_header(r, name, value.as_bytes()).is_none() {
-                return NGX_ERROR as ngx_int_t;
-            }
+        if headers::format(lcf.headers(), &quota, |name, value| add_header(r, name, value))
+            .is_none()
+        {
+            return NGX_ERROR as ngx_int_t;
         }
         if quota.rejected {
             ngx_log_error!(

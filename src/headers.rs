@@ -1,6 +1,8 @@
 //! Formatting of the RateLimit response headers and `Retry-After`.
 
-use std::fmt::Write;
+use core::fmt::{self, Write};
+
+use crate::text::StackText;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeaderMode {
@@ -27,35 +29,53 @@ pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// The headers for one decision, in the order they are sent.
-pub fn format(mode: HeaderMode, q: &Quota<'_>) -> Vec<(&'static str, String)> {
+/// Hands the headers for one decision to `emit`, in the order they are sent; stops at the first
+/// `None` from `emit` (the request's pool is exhausted) and returns it.
+pub fn format(
+    mode: HeaderMode,
+    q: &Quota<'_>,
+    mut emit: impl FnMut(&'static str, &[u8]) -> Option<()>,
+) -> Option<()> {
     let reset = ceil_secs(q.reset_ms);
-    let mut out = Vec::with_capacity(4);
+    let mut v = StackText::default();
+    // Zone names are at most 64 characters, so the values always fit in a StackText.
+    let mut put = |name: &'static str, args: fmt::Arguments<'_>| {
+        v.clear();
+        v.write_fmt(args).ok()?;
+        emit(name, v.as_bytes())
+    };
     match mode {
         HeaderMode::Off => {}
         HeaderMode::Legacy => {
-            out.push(("RateLimit-Limit", q.limit.to_string()));
-            out.push(("RateLimit-Remaining", q.remaining.to_string()));
-            out.push(("RateLimit-Reset", reset.to_string()));
+            put("RateLimit-Limit", format_args!("{}", q.limit))?;
+            put("RateLimit-Remaining", format_args!("{}", q.remaining))?;
+            put("RateLimit-Reset", format_args!("{reset}"))?;
         }
         HeaderMode::Draft => {
-            let mut policy = String::with_capacity(q.zone.len() + 24);
-            let _ = write!(policy, "\"{}\";q={};w={}", q.zone, q.limit, ceil_secs(q.window_ms));
-            out.push(("RateLimit-Policy", policy));
-            let mut state = String::with_capacity(q.zone.len() + 24);
-            let _ = write!(state, "\"{}\";r={};t={}", q.zone, q.remaining, reset);
-            out.push(("RateLimit", state));
+            let (zone, window) = (q.zone, ceil_secs(q.window_ms));
+            put("RateLimit-Policy", format_args!("\"{zone}\";q={};w={window}", q.limit))?;
+            put("RateLimit", format_args!("\"{zone}\";r={};t={reset}", q.remaining))?;
         }
     }
     if q.rejected {
-        out.push(("Retry-After", reset.max(1).to_string()));
+        put("Retry-After", format_args!("{}", reset.max(1)))?;
     }
-    out
+    Some(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn format(mode: HeaderMode, q: &Quota<'_>) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        super::format(mode, q, |name, value| {
+            out.push((name, String::from_utf8(value.to_vec()).unwrap()));
+            Some(())
+        })
+        .unwrap();
+        out
+    }
 
     fn quota(rejected: bool) -> Quota<'static> {
         Quota {

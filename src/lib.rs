@@ -9,6 +9,7 @@ pub mod key;
 pub mod params;
 pub mod redis;
 pub mod script;
+pub mod text;
 
 #[cfg(not(test))]
 mod conf;

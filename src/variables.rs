@@ -3,6 +3,7 @@
 //! Not cacheable, so the access log sees the final value; read from the main request's context,
 //! which survives internal redirects.
 
+use core::fmt::Write;
 use core::ptr::addr_of_mut;
 
 use ngx::ffi::{
@@ -14,6 +15,7 @@ use ngx::ngx_string;
 
 use crate::handler::{find_ctx, quota_figures};
 use crate::module::RateLimit;
+use crate::text::StackText;
 
 const STATUS: usize = 0;
 const LIMIT: usize = 1;
@@ -74,7 +76,9 @@ unsafe extern "C" fn get(
         REMAINING => remaining,
         _ => reset,
     };
-    let text = n.to_string();
+    let mut text = StackText::default();
+    let _ = write!(text, "{n}");
+    let text = text.as_bytes();
     let p = ngx_pnalloc((*r).pool, text.len()) as *mut u8;
     if p.is_null() {
         return NGX_ERROR as ngx_int_t;
