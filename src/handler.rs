@@ -290,23 +290,39 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf) {
     let Some(result) = ctx.waiter.result.take() else { return };
     let failure = match result.map(|reply| script::decode_decision(&reply, ctx.zones.len())) {
         Ok(Ok(d)) => return record(ctx, &d),
-        Ok(Err(ReplyError::NoScript)) => "redis replied NOSCRIPT twice".to_owned(),
-        Ok(Err(ReplyError::Redis(msg))) => format!("redis replied \"{msg}\""),
-        Ok(Err(ReplyError::Unexpected)) => "unexpected reply from the script".to_owned(),
-        Err(e) => format!("redis {e}"),
+        Ok(Err(e)) => Failure::Reply(e),
+        Err(e) => Failure::Redis(e),
     };
     ctx.status = match lcf.fail() {
         FailPolicy::Open => Status::FailedOpen,
         FailPolicy::Closed => Status::FailedClosed,
     };
-    let log = (*(*ctx.r).connection).log;
     if log_throttle(&mut *ptr::addr_of_mut!(FAILURE_LOG)) {
         ngx_log_error!(
             NGX_LOG_ERR,
-            log,
+            (*(*ctx.r).connection).log,
             "ratelimit: {failure}, request {} by ratelimit_fail",
             if ctx.status == Status::FailedOpen { "passed" } else { "rejected" }
         );
+    }
+}
+
+/// Why a decision failed; formatted only when it is logged, not once per request of an outage.
+enum Failure {
+    Redis(RedisError),
+    Reply(ReplyError),
+}
+
+impl core::fmt::Display for Failure {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Failure::Redis(e) => write!(f, "redis {e}"),
+            Failure::Reply(ReplyError::NoScript) => f.write_str("redis replied NOSCRIPT twice"),
+            Failure::Reply(ReplyError::Redis(msg)) => write!(f, "redis replied \"{msg}\""),
+            Failure::Reply(ReplyError::Unexpected) => {
+                f.write_str("unexpected reply from the script")
+            }
+        }
     }
 }
 

@@ -135,8 +135,8 @@ impl WorkerPool {
                     return Ok(c);
                 }
                 Err(e) => {
-                    self.retry_at = unsafe { ngx_current_msec } + RECONNECT_BACKOFF;
-                    self.down = true;
+                    // Conn::connect has logged it if this opens an outage.
+                    self.failed();
                     if least.is_none() {
                         return Err(e);
                     }
