@@ -1,59 +1,61 @@
--- Sliding-window log: one sorted-set entry per admitted request, scored by its millisecond
--- timestamp. Several zones are decided together: the request is recorded in every zone or in
--- none, so a rejection by one zone never uses up another.
+-- Sliding-window log: one sorted-set entry per admitted unit, scored by its millisecond
+-- timestamp. Exact, and the memory grows with the limit: at most `limit` entries per key.
 --
--- KEYS[i]          the zone key of zone i
--- ARGV[1]          now in ms, or "" to read Redis TIME (one clock for every gateway)
--- ARGV[2]          member: unique per request, so two requests never collapse into one entry
--- ARGV[3 + 2(i-1)] limit of zone i
--- ARGV[4 + 2(i-1)] window of zone i in ms
---
--- Reply: { allowed, then per zone: ok, remaining, reset_ms }
---   ok        1 if the zone had room for this request
---   remaining requests the zone still admits in the current window
---   reset_ms  ms until the oldest admitted request leaves the window and frees a slot
---             (for a rejecting zone, this is the honest Retry-After)
+-- Members are integers: the request's clock in microseconds, plus one per further unit of the
+-- same request. Integer members are what Redis stores most compactly (a listpack integer, not a
+-- string), and `ZADD NX` guarantees they stay unique: two requests never collapse into one
+-- entry, whichever gateway and clock they come from.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local member = ARGV[2]
+local sliding_log = {}
 
-local reply = { 1 }
-local used = {}
-for i = 1, #KEYS do
-  local limit = tonumber(ARGV[1 + 2 * i])
-  local window = tonumber(ARGV[2 + 2 * i])
+function sliding_log.check(z, now)
   -- An entry scored s counts while now < s + window.
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
-  used[i] = redis.call('ZCARD', KEYS[i])
-  if used[i] >= limit then
-    reply[1] = 0
-  end
+  redis.call('ZREMRANGEBYSCORE', z.key, '-inf', now - z.window)
+  z.used = redis.call('ZCARD', z.key)
+  z.ok = z.used + z.cost <= z.limit
 end
 
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local limit = tonumber(ARGV[1 + 2 * i])
-  local window = tonumber(ARGV[2 + 2 * i])
-  local ok = used[i] < limit and 1 or 0
-  local remaining = 0
-  if reply[1] == 1 then
-    redis.call('ZADD', key, now, member)
-    redis.call('PEXPIRE', key, window)
-    remaining = limit - used[i] - 1
-  elseif ok == 1 then
-    remaining = limit - used[i]
+-- Adds at most this many entries per ZADD, to stay far below Lua's limit on unpacked values.
+local ZADD_CHUNK = 256
+
+function sliding_log.commit(z, now, base_us)
+  local added, m = 0, base_us
+  local rest = z.cost
+  while rest > 0 do
+    local args, n = {}, math.min(rest, ZADD_CHUNK)
+    for i = 1, n do
+      args[2 * i - 1] = now
+      args[2 * i] = string.format('%d', m + i - 1)
+    end
+    added = added + redis.call('ZADD', z.key, 'NX', unpack(args))
+    m, rest = m + n, rest - n
   end
-  local reset = 0
-  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if oldest[2] then
-    reset = tonumber(oldest[2]) + window - now
+  -- A member was taken: the same microsecond on the Redis clock, or a gateway clock that saw
+  -- the same millisecond. Move past the newest entry; each try uses a larger member.
+  while added < z.cost do
+    local newest = redis.call('ZRANGE', z.key, -1, -1)
+    m = math.max(m, (tonumber(newest[1]) or 0) + 1)
+    added = added + redis.call('ZADD', z.key, 'NX', now, string.format('%d', m))
+    m = m + 1
   end
-  reply[#reply + 1] = ok
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset
+  redis.call('PEXPIRE', z.key, z.window)
+  z.used = z.used + z.cost
 end
-return reply
+
+function sliding_log.report(z, now)
+  local remaining = math.max(0, z.limit - z.used)
+  if z.used == 0 then
+    return remaining, 0
+  end
+  -- Admitted or with room: the next unit frees when the oldest entry leaves the window.
+  -- Rejected: this request fits once the (used + cost - limit) oldest entries have left.
+  local idx = 0
+  if not z.ok then
+    idx = z.used + z.cost - z.limit - 1
+    if idx >= z.used then
+      return remaining, z.window
+    end
+  end
+  local e = redis.call('ZRANGE', z.key, idx, idx, 'WITHSCORES')
+  return remaining, math.max(0, tonumber(e[2]) + z.window - now)
+end

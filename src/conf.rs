@@ -1,6 +1,6 @@
 //! Configuration structures and their merging.
 
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use core::ffi::c_char;
 use core::ffi::c_void;
 use core::ptr;
@@ -13,9 +13,11 @@ use ngx::ffi::{
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 
+use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
 use crate::module::RateLimit;
 use crate::redis::pool::WorkerPool;
+use crate::script::Algorithm;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clock {
@@ -23,6 +25,15 @@ pub enum Clock {
     Redis,
     /// The gateway's own millisecond clock, passed to the script.
     Nginx,
+}
+
+/// A number written in the configuration, or a variable (a `map` from consumer to plan)
+/// evaluated and checked per request.
+#[derive(Clone, Copy)]
+pub enum Param {
+    Fixed(u64),
+    /// Compiled in the configuration pool.
+    Var(*mut ngx_http_complex_value_t),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +60,10 @@ pub struct Zone {
     pub name: String,
     /// Compiled in the configuration pool.
     pub key: *mut ngx_http_complex_value_t,
-    pub limit: u64,
-    pub window_ms: u64,
+    pub algorithm: Algorithm,
+    pub limit: Param,
+    pub window: Param,
+    pub burst: u64,
     pub clock: Clock,
 }
 
@@ -58,11 +71,12 @@ pub struct MainConf {
     pub redis: Option<RedisConf>,
     pub zones: Vec<Zone>,
     pub script_sha: [u8; 40],
-    /// Index of `$request_id`, the unique sorted-set member of each request.
-    pub request_id_index: ngx_uint_t,
     /// This worker's connections; created on first use, because a single-process reload builds
     /// a new cycle without running `init_process` again.
     pub pool: Cell<*mut WorkerPool>,
+    /// This worker's remembered rejections, created on the first one. Indexed by zone, so it
+    /// belongs to this configuration and goes with it on reload.
+    pub deny_cache: RefCell<Option<DenyCache>>,
 }
 
 impl Default for MainConf {
@@ -71,8 +85,8 @@ impl Default for MainConf {
             redis: None,
             zones: Vec::new(),
             script_sha: [0; 40],
-            request_id_index: 0,
             pool: Cell::new(ptr::null_mut()),
+            deny_cache: RefCell::new(None),
         }
     }
 }
@@ -82,6 +96,7 @@ impl Default for MainConf {
 pub struct LimitRef {
     pub name: String,
     pub zone: usize,
+    pub cost: Param,
     /// Where the line was, for errors found after parsing.
     pub file: String,
     pub line: ngx_uint_t,
@@ -89,12 +104,16 @@ pub struct LimitRef {
 
 #[derive(Default)]
 pub struct LocConf {
-    /// `None`: not set here, inherit. `Some(empty)`: `ratelimit off`.
+    /// `None`: not set here, inherit the parent's set, as `limit_req` does. `Some(empty)`:
+    /// `ratelimit off`.
     pub limits: Option<Vec<LimitRef>>,
+    /// `ratelimit off` was written at this level; only for checking the lines that follow.
+    pub limits_off: bool,
     pub fail: Option<FailPolicy>,
     pub status: Option<ngx_uint_t>,
     pub headers: Option<HeaderMode>,
     pub log_level: Option<ngx_uint_t>,
+    pub deny_cache: Option<bool>,
 }
 
 impl LocConf {
@@ -112,6 +131,9 @@ impl LocConf {
     }
     pub fn log_level(&self) -> ngx_uint_t {
         self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
+    }
+    pub fn deny_cache(&self) -> bool {
+        self.deny_cache.unwrap_or(true)
     }
 }
 
@@ -134,6 +156,7 @@ pub unsafe extern "C" fn merge_loc_conf(
     conf.status = conf.status.or(prev.status);
     conf.headers = conf.headers.or(prev.headers);
     conf.log_level = conf.log_level.or(prev.log_level);
+    conf.deny_cache = conf.deny_cache.or(prev.deny_cache);
 
     let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
         return ptr::null_mut();

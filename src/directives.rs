@@ -8,19 +8,20 @@ use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
     ngx_http_complex_value_t, ngx_parse_url, ngx_pcalloc, ngx_str_t, ngx_uint_t, ngx_url_t,
-    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
-    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR,
-    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_string};
 
-use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, RedisConf, Zone};
+use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::headers::HeaderMode;
-use crate::params::{parse_msec, parse_uint, split_param, valid_zone_name};
+use crate::params::{
+    parse_cost, parse_limit, parse_msec, parse_uint, parse_window, split_param, valid_zone_name,
+};
+use crate::script::Algorithm;
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
-const MAX_LIMIT: u64 = 1_000_000_000;
-const MAX_WINDOW_MS: u64 = 365 * 86_400_000;
 
 const fn command(
     name: ngx_str_t,
@@ -38,7 +39,7 @@ const fn command(
     }
 }
 
-pub static mut COMMANDS: [ngx_command_t; 8] = [
+pub static mut COMMANDS: [ngx_command_t; 9] = [
     command(
         ngx_string!("ratelimit_redis"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -53,7 +54,7 @@ pub static mut COMMANDS: [ngx_command_t; 8] = [
     ),
     command(
         ngx_string!("ratelimit"),
-        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        LOC_CONTEXTS | NGX_CONF_TAKE12,
         cmd_ratelimit,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
@@ -79,6 +80,12 @@ pub static mut COMMANDS: [ngx_command_t; 8] = [
         ngx_string!("ratelimit_log_level"),
         LOC_CONTEXTS | NGX_CONF_TAKE1,
         cmd_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_deny_cache"),
+        LOC_CONTEXTS | NGX_CONF_FLAG,
+        cmd_deny_cache,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     ngx_command_t::empty(),
@@ -195,16 +202,17 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     }
-    let (mut key, mut limit, mut window_ms, mut clock) = (None, None, None, Clock::Redis);
+    let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
+    let (mut algorithm, mut burst) = (Algorithm::SlidingLog, None);
     for arg in &args[2..] {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
         let ok = match param {
             "key" => compile_complex_value(cf, arg, "key=".len()).map(|cv| key = Some(cv)),
-            "limit" => parse_uint(value, 1, MAX_LIMIT).map(|n| limit = Some(n)),
-            "window" => parse_msec(value)
-                .filter(|w| (1..=MAX_WINDOW_MS).contains(w))
-                .map(|w| window_ms = Some(w)),
+            "limit" => number_or_variable(cf, arg, param, parse_limit).map(|p| limit = Some(p)),
+            "window" => number_or_variable(cf, arg, param, parse_window).map(|p| window = Some(p)),
+            "algorithm" => Algorithm::parse(value).map(|a| algorithm = a),
+            "burst" => parse_limit(value).map(|b| burst = Some(b)),
             "clock" => match value {
                 "redis" => Some(Clock::Redis),
                 "nginx" => Some(Clock::Nginx),
@@ -217,7 +225,7 @@ unsafe extern "C" fn cmd_zone(
             return invalid(cf, "value", s);
         }
     }
-    let (Some(key), Some(limit), Some(window_ms)) = (key, limit, window_ms) else {
+    let (Some(key), Some(limit), Some(window)) = (key, limit, window) else {
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,
@@ -225,8 +233,40 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     };
-    mcf.zones.push(Zone { name: name.to_owned(), key, limit, window_ms, clock });
+    if burst.is_some() && algorithm != Algorithm::Gcra {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"burst=\" of \"ratelimit_zone\" directive \"{name}\" needs algorithm=gcra"
+        );
+        return NGX_CONF_ERROR as _;
+    }
+    mcf.zones.push(Zone {
+        name: name.to_owned(),
+        key,
+        algorithm,
+        limit,
+        window,
+        // Without a burst, GCRA spaces requests evenly, as limit_req does without one.
+        burst: burst.unwrap_or(1),
+        clock,
+    });
     NGX_CONF_OK
+}
+
+/// `name=123` parsed now, or `name=$variable` compiled to be evaluated and parsed per request.
+unsafe fn number_or_variable(
+    cf: *mut ngx_conf_t,
+    arg: &ngx_str_t,
+    name: &str,
+    parse: fn(&str) -> Option<u64>,
+) -> Option<Param> {
+    let value = &text(arg)[name.len() + 1..];
+    if value.contains('$') {
+        compile_complex_value(cf, arg, name.len() + 1).map(Param::Var)
+    } else {
+        parse(value).map(Param::Fixed)
+    }
 }
 
 /// Compiles the part of `arg` after `skip` bytes as a complex value (`$binary_remote_addr`,
@@ -255,21 +295,43 @@ unsafe extern "C" fn cmd_ratelimit(
     conf: *mut c_void,
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
-    if lcf.limits.is_some() {
+    let args = args(cf);
+    let name = text(&args[1]);
+    let limits = lcf.limits.get_or_insert_with(Vec::new);
+    // `off` stands alone at its level, and each zone is named once, as with limit_req.
+    if lcf.limits_off || (name == "off" && !limits.is_empty()) {
         return IS_DUPLICATE;
     }
-    let name = text(&args(cf)[1]);
     if name == "off" {
-        lcf.limits = Some(Vec::new());
+        if args.len() > 2 {
+            return invalid(cf, "parameter", text(&args[2]));
+        }
+        lcf.limits_off = true;
         return NGX_CONF_OK;
     }
+    if limits.iter().any(|l| l.name == name) {
+        return IS_DUPLICATE;
+    }
+    let mut cost = Param::Fixed(1);
+    if let Some(arg) = args.get(2) {
+        let s = text(arg);
+        let parsed = match split_param(s) {
+            Some(("cost", _)) => number_or_variable(cf, arg, "cost", parse_cost),
+            _ => return invalid(cf, "parameter", s),
+        };
+        match parsed {
+            Some(p) => cost = p,
+            None => return invalid(cf, "value", s),
+        }
+    }
     let file = &(*(*cf).conf_file).file;
-    lcf.limits = Some(vec![LimitRef {
+    limits.push(LimitRef {
         name: name.to_owned(),
         zone: usize::MAX,
+        cost,
         file: text(&file.name).to_owned(),
         line: (*(*cf).conf_file).line,
-    }]);
+    });
     NGX_CONF_OK
 }
 
@@ -361,4 +423,13 @@ unsafe extern "C" fn cmd_status(
             NGX_CONF_ERROR as _
         }
     }
+}
+
+unsafe extern "C" fn cmd_deny_cache(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    set_keyword(cf, &mut lcf.deny_cache, &[("on", true), ("off", false)])
 }

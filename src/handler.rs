@@ -7,18 +7,20 @@ use core::ptr::{self, NonNull};
 use ngx::core::Pool;
 use ngx::ffi::{
     ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
-    ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_complex_value, ngx_http_log_ctx_t,
-    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t,
-    ngx_list_push, ngx_msec_t, ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday, NGX_AGAIN,
-    NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
+    ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_complex_value, ngx_http_complex_value_t,
+    ngx_http_log_ctx_t, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading,
+    ngx_int_t, ngx_list_push, ngx_msec_t, ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday,
+    NGX_AGAIN, NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 
-use crate::conf::{Clock, FailPolicy, LocConf, MainConf};
-use crate::headers::{self, Quota};
+use crate::conf::{Clock, FailPolicy, LocConf, MainConf, Param};
+use crate::deny_cache::{Denial, DenyCache};
+use crate::headers::{self, Policy, Quota};
 use crate::key::Key;
 use crate::module::RateLimit;
+use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
@@ -29,6 +31,8 @@ pub enum Status {
     Skipped,
     Passed,
     Rejected,
+    /// Rejected by this worker's memory of an earlier rejection, without asking Redis.
+    RejectedCached,
     FailedOpen,
     FailedClosed,
 }
@@ -40,6 +44,7 @@ impl Status {
             Status::Skipped => b"SKIPPED",
             Status::Passed => b"PASSED",
             Status::Rejected => b"REJECTED",
+            Status::RejectedCached => b"REJECTED_CACHED",
             Status::FailedOpen => b"FAILED_OPEN",
             Status::FailedClosed => b"FAILED_CLOSED",
         }
@@ -59,11 +64,36 @@ pub struct Ctx {
     ev: ngx_event_t,
     args: EncodedArgs,
     eval_retried: bool,
-    /// Indexes into the main conf's zones, in script order.
-    zones: Vec<usize>,
-    /// The deciding zone's figures, for headers and variables.
+    /// When the decision was asked for: a rejection is remembered from then, so the memory
+    /// never outlasts what Redis said.
+    started: ngx_msec_t,
+    /// The zones that decide this request, in script order.
+    zones: Vec<ZoneReq>,
+    /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
 }
+
+/// One zone as this request sees it: limit, window and cost may come from variables.
+pub struct ZoneReq {
+    /// Index into the main conf's zones.
+    pub zone: usize,
+    pub limit: u64,
+    pub window_ms: u64,
+    cost: u64,
+    /// The key's value, in the request's pool.
+    value: ngx_str_t,
+}
+
+impl ZoneReq {
+    fn value(&self) -> &[u8] {
+        self.value.as_bytes()
+    }
+}
+
+/// Rejections remembered per worker. Each entry costs its key plus about 130 bytes.
+const DENY_CACHE_ENTRIES: usize = 10_000;
+/// Longer keys are always asked of Redis, so the deny cache stays small whatever clients send.
+const DENY_CACHE_MAX_KEY: usize = 256;
 
 pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     if r != (*r).main {
@@ -91,40 +121,68 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let Some(ctx) = new_ctx(r) else { return NGX_ERROR as ngx_int_t };
     let ctx = &mut *ctx.as_ptr();
     let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
+    ctx.started = ngx_current_msec;
 
     let mut zone_args: Vec<ZoneArgs<'_>> = Vec::with_capacity(lcf.limits().len());
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
-        let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
-        if ngx_http_complex_value(r, zone.key, &mut value) != 0 {
-            return NGX_ERROR as ngx_int_t;
-        }
+        let Some(value) = eval(r, zone.key) else { return NGX_ERROR as ngx_int_t };
         // An empty key is not limited, as in limit_req.
         if value.len == 0 {
             continue;
         }
-        // The value lives in the request's pool, for the whole decision.
-        let value = core::slice::from_raw_parts(value.data, value.len);
+        let figures = (
+            param(r, zone.limit, parse_limit, "limit"),
+            param(r, zone.window, parse_window, "window"),
+            param(r, limit.cost, parse_cost, "cost"),
+        );
+        let (limit_n, window_ms, cost) = match figures {
+            (Ok(l), Ok(w), Ok(c)) => (l, w, c),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
+                fail(ctx, lcf, Failure::BadValue(what, zone.name.clone(), value));
+                return apply(ctx, lcf, mcf);
+            }
+        };
+        let capacity = zone.algorithm.capacity(limit_n, zone.burst);
+        if cost > capacity {
+            ngx_log_error!(
+                lcf.log_level(),
+                (*(*r).connection).log,
+                "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
+                 request rejected",
+                zone.name
+            );
+            ctx.status = Status::Rejected;
+            return apply(ctx, lcf, mcf);
+        }
+        // SAFETY: the value was evaluated into the request's pool, which outlives the decision.
+        let bytes = core::slice::from_raw_parts(value.data, value.len);
         zone_args.push(ZoneArgs {
-            key: Key::new(&redis.prefix, zone.name.as_bytes(), value),
-            limit: zone.limit,
-            window_ms: zone.window_ms,
+            key: Key::new(&redis.prefix, zone.name.as_bytes(), bytes),
+            algorithm: zone.algorithm,
+            limit: limit_n,
+            window_ms,
+            cost,
+            burst: zone.burst,
         });
-        ctx.zones.push(limit.zone);
+        ctx.zones.push(ZoneReq { zone: limit.zone, limit: limit_n, window_ms, cost, value });
     }
     if ctx.zones.is_empty() {
         ctx.status = Status::Skipped;
         ctx.applied = true;
         return NGX_DECLINED as ngx_int_t;
     }
+    if lcf.deny_cache() && rejected_from_memory(ctx, mcf) {
+        return apply(ctx, lcf, mcf);
+    }
 
     // One clock per decision: the gateway's only when every zone asks for it.
-    let now = ctx.zones.iter().all(|&z| mcf.zones[z].clock == Clock::Nginx).then(|| {
+    let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| {
         let tp = ngx_timeofday();
         tp.sec as u64 * 1000 + tp.msec as u64
     });
-    let member = request_id(r, mcf);
-    ctx.args = EncodedArgs::new(&zone_args, now, member);
+    ctx.args = EncodedArgs::new(&zone_args, now);
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
     let sha = &mcf.script_sha;
@@ -138,19 +196,69 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         }
         Err(e) => {
             ctx.waiter.result = Some(Err(e));
-            decide(ctx, lcf);
+            decide(ctx, lcf, mcf);
             apply(ctx, lcf, mcf)
         }
     }
 }
 
-/// `$request_id`: 32 random hex digits, unique per request across gateways.
-unsafe fn request_id<'a>(r: *mut ngx_http_request_t, mcf: &MainConf) -> &'a [u8] {
-    let v = ngx::ffi::ngx_http_get_indexed_variable(r, mcf.request_id_index);
-    if v.is_null() || (*v).not_found() != 0 {
-        return b"";
+/// A complex value evaluated into the request's pool.
+unsafe fn eval(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) -> Option<ngx_str_t> {
+    let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
+    (ngx_http_complex_value(r, cv, &mut value) == 0).then_some(value)
+}
+
+/// A zone figure for this request. A variable whose value does not parse is an error naming
+/// the figure and the value, never a silent default; `Err(None)` is nginx failing to evaluate.
+unsafe fn param(
+    r: *mut ngx_http_request_t,
+    p: Param,
+    parse: fn(&str) -> Option<u64>,
+    what: &'static str,
+) -> Result<u64, Option<(&'static str, String)>> {
+    let cv = match p {
+        Param::Fixed(n) => return Ok(n),
+        Param::Var(cv) => cv,
+    };
+    let value = eval(r, cv).ok_or(None)?;
+    let bytes = value.as_bytes();
+    core::str::from_utf8(bytes)
+        .ok()
+        .and_then(parse)
+        .ok_or_else(|| Some((what, String::from_utf8_lossy(bytes).into_owned())))
+}
+
+/// Answers from this worker's memory when Redis recently rejected one of the request's zones
+/// until later than now: no unit of that zone can free before then.
+unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
+    let mut cache = mcf.deny_cache.borrow_mut();
+    let Some(cache) = cache.as_mut() else { return false };
+    let now = ngx_current_msec as u64;
+    for (i, z) in ctx.zones.iter().enumerate() {
+        if let Some(left) = cache.check(z.zone, z.value(), z.cost, z.limit, z.window_ms, now) {
+            if ctx.quota.is_none_or(|(_, _, longest)| left > longest) {
+                ctx.quota = Some((i, 0, left));
+            }
+        }
     }
-    (*v).as_bytes()
+    if ctx.quota.is_none() {
+        return false;
+    }
+    ctx.status = Status::RejectedCached;
+    true
+}
+
+/// Remembers the zones that rejected a request, for `rejected_from_memory`.
+fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
+    let mut cache = mcf.deny_cache.borrow_mut();
+    let cache = cache.get_or_insert_with(|| DenyCache::new(DENY_CACHE_ENTRIES));
+    for (z, v) in ctx.zones.iter().zip(&d.zones) {
+        if !v.ok && z.value().len() <= DENY_CACHE_MAX_KEY {
+            let until_ms = ctx.started as u64 + v.reset_ms;
+            let denial = Denial { until_ms, cost: z.cost, limit: z.limit, window_ms: z.window_ms };
+            cache.insert(z.zone, z.value(), denial);
+        }
+    }
 }
 
 unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
@@ -163,6 +271,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         ev: core::mem::zeroed(),
         args: EncodedArgs::default(),
         eval_retried: false,
+        started: 0,
         zones: Vec::new(),
         quota: None,
     }))?;
@@ -242,7 +351,7 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     if ctx.ev.posted() != 0 {
         ngx_delete_posted_event(&mut ctx.ev);
     }
-    decide(ctx, lcf);
+    decide(ctx, lcf, mcf);
 
     let c = (*r).connection;
     let log_ctx = (*(*c).log).data as *mut ngx_http_log_ctx_t;
@@ -269,7 +378,7 @@ unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let Some(pool) = WorkerPool::get(mcf) else { return false };
     ctx.waiter.result = None;
     let args = &ctx.args;
-    let body = script::SLIDING_LOG.as_bytes();
+    let body = script::SCRIPT.as_bytes();
     match pool.submit(NonNull::from(&mut ctx.waiter), 1, |out| {
         script::write_script_load(out, body);
         args.write_eval(out, body);
@@ -286,13 +395,23 @@ unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
 }
 
 /// Turns the waiter's result into the request's status.
-unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf) {
+unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
     let Some(result) = ctx.waiter.result.take() else { return };
     let failure = match result.map(|reply| script::decode_decision(&reply, ctx.zones.len())) {
-        Ok(Ok(d)) => return record(ctx, &d),
+        Ok(Ok(d)) => {
+            if !d.allowed && lcf.deny_cache() {
+                remember_rejection(ctx, mcf, &d);
+            }
+            return record(ctx, &d);
+        }
         Ok(Err(e)) => Failure::Reply(e),
         Err(e) => Failure::Redis(e),
     };
+    fail(ctx, lcf, failure);
+}
+
+/// Applies the fail policy; the reason is logged at most once a second per worker.
+unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, failure: Failure) {
     ctx.status = match lcf.fail() {
         FailPolicy::Open => Status::FailedOpen,
         FailPolicy::Closed => Status::FailedClosed,
@@ -311,6 +430,8 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf) {
 enum Failure {
     Redis(RedisError),
     Reply(ReplyError),
+    /// A limit, window or cost variable whose value is not a valid number: (what, zone, value).
+    BadValue(&'static str, String, String),
 }
 
 impl core::fmt::Display for Failure {
@@ -322,6 +443,9 @@ impl core::fmt::Display for Failure {
             Failure::Reply(ReplyError::Unexpected) => {
                 f.write_str("unexpected reply from the script")
             }
+            Failure::BadValue(what, zone, value) => {
+                write!(f, "invalid {what} \"{}\" for zone \"{zone}\"", value.escape_debug())
+            }
         }
     }
 }
@@ -330,7 +454,7 @@ fn record(ctx: &mut Ctx, d: &Decision) {
     let i = d.deciding_zone();
     let z = d.zones[i];
     ctx.status = if d.allowed { Status::Passed } else { Status::Rejected };
-    ctx.quota = Some((ctx.zones[i], z.remaining, z.reset_ms));
+    ctx.quota = Some((i, z.remaining, z.reset_ms));
 }
 
 /// Failure lines at most once a second per worker: a flood of requests during an outage must
@@ -350,27 +474,36 @@ fn log_throttle(last: &mut ngx_msec_t) -> bool {
 unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     ctx.applied = true;
     let r = ctx.r;
-    if let Some((zone, remaining, reset_ms)) = ctx.quota {
-        let z = &mcf.zones[zone];
+    let rejected = matches!(ctx.status, Status::Rejected | Status::RejectedCached);
+    if let Some((i, remaining, reset_ms)) = ctx.quota {
+        let z = &ctx.zones[i];
+        let name = mcf.zones[z.zone].name.as_str();
         let quota = Quota {
-            zone: &z.name,
+            zone: name,
             limit: z.limit,
             window_ms: z.window_ms,
             remaining,
             reset_ms,
-            rejected: ctx.status == Status::Rejected,
+            rejected,
         };
-        if headers::format(lcf.headers(), &quota, |name, value| add_header(r, name, value))
-            .is_none()
+        let policies = ctx.zones.iter().map(|z| Policy {
+            zone: &mcf.zones[z.zone].name,
+            limit: z.limit,
+            window_ms: z.window_ms,
+        });
+        if headers::format(lcf.headers(), &quota, policies, |name, value| {
+            add_header(r, name, value)
+        })
+        .is_none()
         {
             return NGX_ERROR as ngx_int_t;
         }
-        if quota.rejected {
+        // A rejection from memory repeats one already logged.
+        if ctx.status == Status::Rejected {
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
-                "ratelimit: limiting requests by zone \"{}\", limit {} per {}ms, retry in {}ms",
-                z.name,
+                "ratelimit: limiting requests by zone \"{name}\", limit {} per {}ms, retry in {}ms",
                 z.limit,
                 z.window_ms,
                 reset_ms
@@ -378,7 +511,7 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         }
     }
     match ctx.status {
-        Status::Rejected => lcf.status() as ngx_int_t,
+        _ if rejected => lcf.status() as ngx_int_t,
         Status::FailedClosed => NGX_HTTP_SERVICE_UNAVAILABLE as ngx_int_t,
         _ => NGX_DECLINED as ngx_int_t,
     }
@@ -409,7 +542,9 @@ unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static str, value: &[u8
     Some(())
 }
 
-pub fn quota_figures(ctx: &Ctx, mcf: &MainConf) -> Option<(u64, u64, u64)> {
-    let (zone, remaining, reset_ms) = ctx.quota?;
-    Some((mcf.zones[zone].limit, remaining, headers::ceil_secs(reset_ms)))
+/// The deciding zone's name, limit, remaining and reset in seconds, for the variables.
+pub fn quota_figures<'a>(ctx: &Ctx, mcf: &'a MainConf) -> Option<(&'a str, u64, u64, u64)> {
+    let (i, remaining, reset_ms) = ctx.quota?;
+    let z = &ctx.zones[i];
+    Some((&mcf.zones[z.zone].name, z.limit, remaining, headers::ceil_secs(reset_ms)))
 }

@@ -24,16 +24,27 @@ pub struct Quota<'a> {
     pub rejected: bool,
 }
 
+/// One zone of the location, as `RateLimit-Policy` announces it.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy<'a> {
+    pub zone: &'a str,
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
 /// Whole seconds a client should wait: rounded up, so a client that obeys never comes back early.
 pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
 /// Hands the headers for one decision to `emit`, in the order they are sent; stops at the first
-/// `None` from `emit` (the request's pool is exhausted) and returns it.
-pub fn format(
+/// `None` from `emit` (the request's pool is exhausted) and returns it. `policies` are every zone
+/// of the location: in draft mode each gets a `RateLimit-Policy` field line (a list may span
+/// field lines, RFC 9110 section 5.3), while `RateLimit` reports the deciding zone `q`.
+pub fn format<'a>(
     mode: HeaderMode,
     q: &Quota<'_>,
+    policies: impl Iterator<Item = Policy<'a>>,
     mut emit: impl FnMut(&'static str, &[u8]) -> Option<()>,
 ) -> Option<()> {
     let reset = ceil_secs(q.reset_ms);
@@ -52,9 +63,11 @@ pub fn format(
             put("RateLimit-Reset", format_args!("{reset}"))?;
         }
         HeaderMode::Draft => {
-            let (zone, window) = (q.zone, ceil_secs(q.window_ms));
-            put("RateLimit-Policy", format_args!("\"{zone}\";q={};w={window}", q.limit))?;
-            put("RateLimit", format_args!("\"{zone}\";r={};t={reset}", q.remaining))?;
+            for p in policies {
+                let w = ceil_secs(p.window_ms);
+                put("RateLimit-Policy", format_args!("\"{}\";q={};w={w}", p.zone, p.limit))?;
+            }
+            put("RateLimit", format_args!("\"{}\";r={};t={reset}", q.zone, q.remaining))?;
         }
     }
     if q.rejected {
@@ -68,8 +81,17 @@ mod tests {
     use super::*;
 
     fn format(mode: HeaderMode, q: &Quota<'_>) -> Vec<(&'static str, String)> {
+        let policy = Policy { zone: q.zone, limit: q.limit, window_ms: q.window_ms };
+        format_zones(mode, q, &[policy])
+    }
+
+    fn format_zones(
+        mode: HeaderMode,
+        q: &Quota<'_>,
+        policies: &[Policy<'_>],
+    ) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
-        super::format(mode, q, |name, value| {
+        super::format(mode, q, policies.iter().copied(), |name, value| {
             out.push((name, String::from_utf8(value.to_vec()).unwrap()));
             Some(())
         })
@@ -110,6 +132,23 @@ mod tests {
                 ("Retry-After", "17".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn draft_lists_every_zone_and_reports_the_deciding_one() {
+        let policies = [
+            Policy { zone: "per-ip", limit: 10, window_ms: 1_000 },
+            Policy { zone: "api", limit: 100, window_ms: 60_000 },
+        ];
+        assert_eq!(
+            format_zones(HeaderMode::Draft, &quota(false), &policies),
+            vec![
+                ("RateLimit-Policy", "\"per-ip\";q=10;w=1".to_string()),
+                ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
+                ("RateLimit", "\"api\";r=42;t=17".to_string()),
+            ]
+        );
+        assert_eq!(format_zones(HeaderMode::Legacy, &quota(false), &policies).len(), 3);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! modules without FFI so that `cargo test` links and exercises it without nginx; the nginx glue
 //! is kept to the modules compiled out of unit tests.
 
+mod deny_cache;
 pub mod headers;
 pub mod key;
 pub mod params;

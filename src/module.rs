@@ -3,14 +3,12 @@
 use core::ffi::{c_char, c_void};
 use core::ptr::{addr_of, addr_of_mut};
 
-use ngx::core::{Status, NGX_CONF_ERROR};
+use ngx::core::Status;
 use ngx::ffi::{
-    ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_get_variable_index, ngx_http_handler_pt,
-    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t,
-    NGX_HTTP_MODULE,
+    ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, NGX_HTTP_MODULE,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
-use ngx::ngx_string;
 
 use crate::conf::{merge_loc_conf, LocConf, MainConf};
 use crate::redis::pool::WorkerPool;
@@ -53,15 +51,9 @@ unsafe impl HttpModuleLocationConf for RateLimit {
     type LocationConf = LocConf;
 }
 
-unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
+unsafe extern "C" fn init_main_conf(_cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
     let mcf = &mut *(conf as *mut MainConf);
-    mcf.script_sha = script::sha1_hex(script::SLIDING_LOG.as_bytes());
-    let mut name = ngx_string!("request_id");
-    let index = ngx_http_get_variable_index(cf, &mut name);
-    if index < 0 {
-        return NGX_CONF_ERROR as _;
-    }
-    mcf.request_id_index = index as ngx_uint_t;
+    mcf.script_sha = script::sha1_hex(script::SCRIPT.as_bytes());
     core::ptr::null_mut()
 }
 

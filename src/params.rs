@@ -41,6 +41,25 @@ pub fn parse_uint(value: &str, min: u64, max: u64) -> Option<u64> {
     value.parse().ok().filter(|n| (min..=max).contains(n))
 }
 
+/// Far above any real limit, and small enough that the scripts' arithmetic stays exact.
+pub const MAX_LIMIT: u64 = 1_000_000_000;
+pub const MAX_WINDOW_MS: u64 = 365 * 86_400_000;
+
+/// A zone's `limit=` (also `burst=`), from the configuration or from a variable.
+pub fn parse_limit(value: &str) -> Option<u64> {
+    parse_uint(value, 1, MAX_LIMIT)
+}
+
+/// A zone's `window=`: a time of at least 1ms and at most a year.
+pub fn parse_window(value: &str) -> Option<u64> {
+    parse_msec(value).filter(|w| (1..=MAX_WINDOW_MS).contains(w))
+}
+
+/// A `ratelimit` line's `cost=`: 0 reads the zone without taking anything.
+pub fn parse_cost(value: &str) -> Option<u64> {
+    parse_uint(value, 0, MAX_LIMIT)
+}
+
 /// Zone names appear in Redis keys and, quoted, in the draft RateLimit headers, so they are kept
 /// to characters that need no escaping in either.
 pub fn valid_zone_name(name: &str) -> bool {
@@ -80,6 +99,25 @@ mod tests {
         assert_eq!(parse_uint("+5", 1, 1000), None);
         assert_eq!(parse_uint("abc", 1, 1000), None);
         assert_eq!(parse_uint("", 1, 1000), None);
+    }
+
+    #[test]
+    fn limits_windows_costs() {
+        assert_eq!(parse_limit("1"), Some(1));
+        assert_eq!(parse_limit("1000000000"), Some(MAX_LIMIT));
+        for bad in ["0", "-1", "1000000001", "10r/s", " 5", ""] {
+            assert_eq!(parse_limit(bad), None, "{bad}");
+        }
+        assert_eq!(parse_window("1ms"), Some(1));
+        assert_eq!(parse_window("1y"), Some(MAX_WINDOW_MS));
+        for bad in ["0", "0s", "2y", "abc", ""] {
+            assert_eq!(parse_window(bad), None, "{bad}");
+        }
+        assert_eq!(parse_cost("0"), Some(0));
+        assert_eq!(parse_cost("25"), Some(25));
+        for bad in ["-1", "1.5", "x", ""] {
+            assert_eq!(parse_cost(bad), None, "{bad}");
+        }
     }
 
     #[test]

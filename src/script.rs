@@ -4,8 +4,15 @@
 use crate::key::Key;
 use crate::redis::resp::{self, Reply};
 
-/// The sliding-window log script, the single source of truth for the algorithm.
-pub const SLIDING_LOG: &str = include_str!("../lua/sliding_log.lua");
+/// The decision script: the algorithms, then the driver that runs them over a location's zones.
+/// The files in `lua/` are the single source of truth; tests that run the script directly
+/// (`t/lib/RLTest/Script.pm`) read this list to assemble it the same way.
+pub const SCRIPT: &str = concat!(
+    include_str!("../lua/sliding_log.lua"),
+    include_str!("../lua/sliding_counter.lua"),
+    include_str!("../lua/gcra.lua"),
+    include_str!("../lua/decide.lua"),
+);
 
 /// Hex SHA-1 of a script body, as `EVALSHA` expects it.
 pub fn sha1_hex(body: &[u8]) -> [u8; 40] {
@@ -26,16 +33,61 @@ pub fn write_script_load(out: &mut Vec<u8>, body: &[u8]) {
     resp::put_bulk(out, body);
 }
 
-/// One zone's share of a decision's arguments.
+/// How a zone counts; each algorithm is one file in `lua/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    SlidingLog,
+    SlidingCounter,
+    Gcra,
+}
+
+impl Algorithm {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "sliding_log" => Some(Algorithm::SlidingLog),
+            "sliding_counter" => Some(Algorithm::SlidingCounter),
+            "gcra" => Some(Algorithm::Gcra),
+            _ => None,
+        }
+    }
+
+    /// The letter `lua/decide.lua` dispatches on.
+    fn code(self) -> &'static [u8] {
+        match self {
+            Algorithm::SlidingLog => b"l",
+            Algorithm::SlidingCounter => b"c",
+            Algorithm::Gcra => b"g",
+        }
+    }
+
+    /// The most units one request can ever be granted: a request costing more is denied
+    /// without asking Redis, since no amount of waiting would admit it.
+    pub fn capacity(self, limit: u64, burst: u64) -> u64 {
+        match self {
+            Algorithm::Gcra => burst,
+            Algorithm::SlidingLog | Algorithm::SlidingCounter => limit,
+        }
+    }
+}
+
+/// One zone's share of a decision's arguments, with the request's own limit, window and cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZoneArgs<'a> {
     pub key: Key<'a>,
+    pub algorithm: Algorithm,
     pub limit: u64,
     pub window_ms: u64,
+    pub cost: u64,
+    /// GCRA only: units that may arrive at once.
+    pub burst: u64,
 }
 
+/// Arguments per zone after the key, in the order `lua/decide.lua` reads them.
+const ARGS_PER_ZONE: usize = 5;
+
 /// The arguments of a decision after the script reference, RESP-encoded once so that a
-/// `NOSCRIPT` retry with `EVAL` reuses them unchanged: `numkeys key.. now member (limit window)..`.
+/// `NOSCRIPT` retry with `EVAL` reuses them unchanged:
+/// `numkeys key.. now (algorithm limit window cost burst)..`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodedArgs {
     bytes: Vec<u8>,
@@ -44,11 +96,10 @@ pub struct EncodedArgs {
 
 impl EncodedArgs {
     /// `now_ms` is `None` for `clock=redis`: the script then reads Redis `TIME`.
-    pub fn new(zones: &[ZoneArgs<'_>], now_ms: Option<u64>, member: &[u8]) -> Self {
+    pub fn new(zones: &[ZoneArgs<'_>], now_ms: Option<u64>) -> Self {
         let key_len = |z: &ZoneArgs<'_>| z.key.parts().iter().map(|p| p.len()).sum::<usize>();
-        let mut bytes = Vec::with_capacity(
-            64 + member.len() + zones.iter().map(|z| key_len(z) + 64).sum::<usize>(),
-        );
+        let mut bytes =
+            Vec::with_capacity(32 + zones.iter().map(|z| key_len(z) + 96).sum::<usize>());
         resp::put_bulk_int(&mut bytes, zones.len() as u64);
         for z in zones {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
@@ -57,12 +108,15 @@ impl EncodedArgs {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
         }
-        resp::put_bulk(&mut bytes, member);
         for z in zones {
+            resp::put_bulk(&mut bytes, z.algorithm.code());
             resp::put_bulk_int(&mut bytes, z.limit);
             resp::put_bulk_int(&mut bytes, z.window_ms);
+            resp::put_bulk_int(&mut bytes, z.cost);
+            let burst = if z.algorithm == Algorithm::Gcra { z.burst } else { 0 };
+            resp::put_bulk_int(&mut bytes, burst);
         }
-        EncodedArgs { bytes, count: 1 + zones.len() * 3 + 2 }
+        EncodedArgs { bytes, count: 2 + zones.len() * (1 + ARGS_PER_ZONE) }
     }
 
     /// Appends `EVALSHA sha <args>` to a connection's output buffer.
@@ -167,39 +221,46 @@ mod tests {
     fn sha_matches_redis_script_load() {
         // `redis-cli SCRIPT LOAD "return 1"` answers this hash.
         assert_eq!(&sha1_hex(b"return 1"), b"e0e1f9fabfc9d4800c877a703b823ac0578ff8db");
-        assert_eq!(sha1_hex(SLIDING_LOG.as_bytes()).len(), 40);
+        assert_eq!(sha1_hex(SCRIPT.as_bytes()).len(), 40);
+    }
+
+    fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
+        ZoneArgs { key, algorithm, limit: 100, window_ms: 60_000, cost, burst: 7 }
     }
 
     #[test]
     fn evalsha_and_eval_carry_the_same_args() {
-        let zones =
-            [ZoneArgs { key: Key::new(b"rl:", b"api", b"a"), limit: 100, window_ms: 60_000 }];
-        let args = EncodedArgs::new(&zones, Some(1_700_000_000_123), b"0123abcd");
+        let zones = [
+            zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingLog, 1),
+            zone(Key::new(b"rl:", b"ip", b"10.0.0.1"), Algorithm::Gcra, 3),
+        ];
+        let args = EncodedArgs::new(&zones, Some(1_700_000_000_123));
+        let packed = |verb: &str, script: &[u8]| {
+            redis::cmd(verb)
+                .arg(script)
+                .arg(2)
+                .arg("rl:api:a")
+                .arg("rl:ip:10.0.0.1")
+                .arg(1_700_000_000_123u64)
+                .arg("l")
+                .arg(100)
+                .arg(60_000)
+                .arg(1)
+                .arg(0)
+                .arg("g")
+                .arg(100)
+                .arg(60_000)
+                .arg(3)
+                .arg(7)
+                .get_packed_command()
+        };
         let mut sha_cmd = Vec::new();
         args.write_evalsha(&mut sha_cmd, &[b'f'; 40]);
-        let want = redis::cmd("EVALSHA")
-            .arg(&[b'f'; 40][..])
-            .arg(1)
-            .arg("rl:api:a")
-            .arg(1_700_000_000_123u64)
-            .arg("0123abcd")
-            .arg(100)
-            .arg(60_000)
-            .get_packed_command();
-        assert_eq!(sha_cmd, want);
+        assert_eq!(sha_cmd, packed("EVALSHA", &[b'f'; 40]));
 
         let mut eval_cmd = Vec::new();
         args.write_eval(&mut eval_cmd, b"return 1");
-        let want = redis::cmd("EVAL")
-            .arg("return 1")
-            .arg(1)
-            .arg("rl:api:a")
-            .arg(1_700_000_000_123u64)
-            .arg("0123abcd")
-            .arg(100)
-            .arg(60_000)
-            .get_packed_command();
-        assert_eq!(eval_cmd, want);
+        assert_eq!(eval_cmd, packed("EVAL", b"return 1"));
     }
 
     #[test]
@@ -211,10 +272,20 @@ mod tests {
 
     #[test]
     fn redis_clock_sends_an_empty_now() {
-        let zones = [ZoneArgs { key: Key::new(b"", b"z", b"k"), limit: 1, window_ms: 1 }];
+        let zones = [zone(Key::new(b"", b"z", b"k"), Algorithm::SlidingCounter, 0)];
         let mut cmd = Vec::new();
-        EncodedArgs::new(&zones, None, b"m").write_evalsha(&mut cmd, &[b'0'; 40]);
+        EncodedArgs::new(&zones, None).write_evalsha(&mut cmd, &[b'0'; 40]);
         assert!(cmd.windows(6).any(|w| w == b"$0\r\n\r\n"));
+    }
+
+    #[test]
+    fn algorithms() {
+        assert_eq!(Algorithm::parse("gcra"), Some(Algorithm::Gcra));
+        assert_eq!(Algorithm::parse("sliding_counter"), Some(Algorithm::SlidingCounter));
+        assert_eq!(Algorithm::parse("sliding_log"), Some(Algorithm::SlidingLog));
+        assert_eq!(Algorithm::parse("log"), None);
+        assert_eq!(Algorithm::Gcra.capacity(100, 5), 5);
+        assert_eq!(Algorithm::SlidingLog.capacity(100, 5), 100);
     }
 
     fn ints(v: &[i64]) -> Reply {

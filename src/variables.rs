@@ -1,4 +1,5 @@
-//! `$ratelimit_status`, `$ratelimit_limit`, `$ratelimit_remaining`, `$ratelimit_reset`.
+//! `$ratelimit_status`, `$ratelimit_zone`, `$ratelimit_limit`, `$ratelimit_remaining`,
+//! `$ratelimit_reset`.
 //!
 //! Not cacheable, so the access log sees the final value; read from the main request's context,
 //! which survives internal redirects.
@@ -21,6 +22,7 @@ const STATUS: usize = 0;
 const LIMIT: usize = 1;
 const REMAINING: usize = 2;
 const RESET: usize = 3;
+const ZONE: usize = 4;
 
 const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     ngx_http_variable_t {
@@ -33,11 +35,12 @@ const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     }
 }
 
-static mut VARIABLES: [ngx_http_variable_t; 4] = [
+static mut VARIABLES: [ngx_http_variable_t; 5] = [
     var(ngx_string!("ratelimit_status"), STATUS),
     var(ngx_string!("ratelimit_limit"), LIMIT),
     var(ngx_string!("ratelimit_remaining"), REMAINING),
     var(ngx_string!("ratelimit_reset"), RESET),
+    var(ngx_string!("ratelimit_zone"), ZONE),
 ];
 
 /// # Safety
@@ -68,9 +71,13 @@ unsafe extern "C" fn get(
     if data == STATUS {
         return set(v, ctx.status.as_bytes().as_ptr() as *mut u8, ctx.status.as_bytes().len());
     }
-    let Some((limit, remaining, reset)) = quota_figures(ctx, mcf) else {
+    let Some((zone, limit, remaining, reset)) = quota_figures(ctx, mcf) else {
         return NGX_OK as ngx_int_t;
     };
+    if data == ZONE {
+        // The name lives in the configuration, which outlives the request.
+        return set(v, zone.as_ptr() as *mut u8, zone.len());
+    }
     let n = match data {
         LIMIT => limit,
         REMAINING => remaining,

@@ -27,7 +27,7 @@ __DATA__
 [qr/^ok$/, qr/^ok$/, qr/429 Too Many Requests/]
 --- redis_check
 ZCARD rl:api:a => 2
-ZRANGE rl:api:a 0 -1 =~ ^[0-9a-f]{32} [0-9a-f]{32}$
+ZRANGE rl:api:a 0 -1 =~ ^[0-9]{16} [0-9]{16}$
 PTTL rl:api:a =~ ^(9\d{3}|10000)$
 DBSIZE => 1
 --- error_log eval

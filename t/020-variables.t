@@ -60,7 +60,7 @@ __DATA__
 --- error_code eval
 [200, 200, 429, 429]
 --- response_headers eval
-["!X-RL", "!X-RL", "X-RL: REJECTED 2 0", "X-RL: REJECTED 2 0"]
+["!X-RL", "!X-RL", "X-RL: REJECTED 2 0", "X-RL: REJECTED_CACHED 2 0"]
 --- response_headers_like eval
 [undef, undef, "Retry-After: ^(9|10)\$", "Retry-After: ^(9|10)\$"]
 --- response_body eval

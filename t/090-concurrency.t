@@ -54,7 +54,7 @@ for my $r (@rounds) {
     is(scalar @$members, $LIMIT, "$tag: the sorted set holds exactly $LIMIT members");
     my %uniq = map { $_ => 1 } @$members;
     is(scalar keys %uniq, $LIMIT, "$tag: all members distinct");
-    is(scalar(grep { /^[0-9a-f]{32}$/ } @$members), $LIMIT, "$tag: members are request ids");
+    is(scalar(grep { /^[0-9]{16}$/ } @$members), $LIMIT, "$tag: members are integers");
 }
 
 my @pids = map { $_->worker_pids } @gw;

@@ -1,0 +1,135 @@
+package RLTest::Script;
+
+# The decision script, run directly against the harness's real redis-server
+# (no nginx).  script_text() assembles it exactly as src/script.rs does:
+# the files named by the include_str!("../lua/X.lua") entries of
+# `pub const SCRIPT: &str = concat!(...)`, in that order, with nothing
+# between them.  So the tests run precisely the text the module sends.
+#
+#   use lib 't/lib';
+#   use RLTest;                       # gives redis_cmd etc. (plain Test::More style)
+#   use RLTest::Script qw(:all);
+#
+#   my $d = decide(1000, ['rl:z:a', 'l', 10, 1000], ['rl:y:a', 'g', 10, 1000, 1, 5]);
+#   $d->{allowed}; $d->{zones}[0]{ok}, {remaining}, {reset}
+#   verdict($d)                       # "1 | 1 9 0 | 1 4 100": allowed | ok remaining reset ...
+#   decide_raw(\@keys, @argv)         # the reply as Redis gave it (array, or an Error object)
+#
+# A zone is [key, algorithm letter, limit, window_ms, cost (default 1),
+# burst (default 0)] or { key, alg, limit, window, cost, burst }.  $now_ms
+# undef or '' sends "" (the script then reads Redis TIME).
+
+use strict;
+use warnings;
+use Exporter 'import';
+use File::Basename qw(dirname);
+use Cwd qw(abs_path);
+use Digest::SHA qw(sha1_hex);
+use RLTest ();
+
+our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw
+    verdict redis_error is_error);
+our %EXPORT_TAGS = (all => \@EXPORT_OK);
+
+my $repo = abs_path(dirname(__FILE__) . '/../../..');
+
+sub slurp {
+    my ($path) = @_;
+    open my $fh, '<:raw', $path or die "RLTest::Script: $path: $!\n";
+    local $/;
+    my $s = <$fh>;
+    return $s;
+}
+
+# The lua/ files of SCRIPT, in concat! order, as paths relative to the repo.
+sub script_parts {
+    my $rs = slurp("$repo/src/script.rs");
+    my ($body) = $rs =~ /\bconst\s+SCRIPT\s*:\s*&(?:'static\s+)?str\s*=\s*concat!\s*\((.*?)\)\s*;/s
+        or die "RLTest::Script: no `const SCRIPT: &str = concat!(...);` in src/script.rs\n";
+    # Rust comments inside the list are not part of it.
+    $body =~ s{//[^\n]*}{}g;
+    $body =~ s{/\*.*?\*/}{}gs;
+    my @parts;
+    while ($body =~ /\G\s*include_str!\s*\(\s*"([^"]+)"\s*\)\s*(?:,|\z)/gc) {
+        push @parts, $1;
+    }
+    $body =~ /\G\s*\z/gc
+        or die "RLTest::Script: SCRIPT holds something other than include_str! entries: "
+            . substr($body, pos($body) // 0) . "\n";
+    die "RLTest::Script: SCRIPT includes no file\n" unless @parts;
+    # include_str! paths are relative to src/script.rs.
+    return map { my $p = $_; $p =~ s{^\.\./}{} or $p = "src/$p"; $p } @parts;
+}
+
+my $text;
+sub script_text {
+    return $text //= join '', map { slurp("$repo/$_") } script_parts();
+}
+
+sub script_sha { sha1_hex(script_text()) }
+
+sub is_error { ref $_[0] eq 'RLTest::Redis::Error' }
+
+# The message of an error reply, or undef when the reply is not an error.
+sub redis_error { is_error($_[0]) ? $_[0]->message : undef }
+
+sub load_script {
+    my $r = RLTest::redis_cmd('SCRIPT', 'LOAD', script_text());
+    die "RLTest::Script: SCRIPT LOAD failed: " . $r->message . "\n" if is_error($r);
+    die "RLTest::Script: SCRIPT LOAD answered $r, expected " . script_sha() . "\n"
+        unless $r eq script_sha();
+    return $r;
+}
+
+# EVALSHA, and after NOSCRIPT (a flushed or restarted Redis) SCRIPT LOAD and
+# EVALSHA again: the reply as Redis gave it.
+sub decide_raw {
+    my ($keys, @argv) = @_;
+    my @cmd = (scalar @$keys, @$keys, @argv);
+    my $r = RLTest::redis_cmd('EVALSHA', script_sha(), @cmd);
+    if (is_error($r) && $r->message =~ /^NOSCRIPT/) {
+        load_script();
+        $r = RLTest::redis_cmd('EVALSHA', script_sha(), @cmd);
+    }
+    return $r;
+}
+
+sub zone_spec {
+    my ($z) = @_;
+    if (ref $z eq 'HASH') {
+        return { key => $z->{key}, alg => $z->{alg}, limit => $z->{limit},
+            window => $z->{window}, cost => $z->{cost} // 1, burst => $z->{burst} // 0 };
+    }
+    my ($key, $alg, $limit, $window, $cost, $burst) = @$z;
+    return { key => $key, alg => $alg, limit => $limit, window => $window,
+        cost => $cost // 1, burst => $burst // 0 };
+}
+
+# One decision: { allowed, zones => [{ ok, remaining, reset }, ...], raw }, or
+# the RLTest::Redis::Error of an error reply.  Dies on a reply of the wrong shape.
+sub decide {
+    my ($now, @zones) = @_;
+    my @z = map { zone_spec($_) } @zones;
+    my $r = decide_raw([map { $_->{key} } @z], $now // '',
+        map { @$_{qw(alg limit window cost burst)} } @z);
+    return $r if is_error($r);
+    die "RLTest::Script: reply is not an array of 1 + 3 x " . @z . " integers: "
+        . RLTest::Redis::format_reply($r) . "\n"
+        unless ref $r eq 'ARRAY' && @$r == 1 + 3 * @z && !grep { !defined || /\D/ } @$r;
+    my @v;
+    for my $i (0 .. $#z) {
+        push @v, { ok => $r->[1 + 3 * $i], remaining => $r->[2 + 3 * $i],
+            reset => $r->[3 + 3 * $i] };
+    }
+    return { allowed => $r->[0], zones => \@v, raw => $r };
+}
+
+# A decision as one line, for literal expectation tables:
+# "allowed | ok remaining reset | ..." or "ERR:<message>".
+sub verdict {
+    my ($d) = @_;
+    return 'ERR:' . $d->message if is_error($d);
+    return join ' | ', $d->{allowed}, map { "$_->{ok} $_->{remaining} $_->{reset}" } @{ $d->{zones} };
+}
+
+1;
