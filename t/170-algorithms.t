@@ -1,0 +1,121 @@
+# algorithm=sliding_counter and algorithm=gcra end to end (exact decisions at
+# exact timestamps are in the direct script tests, t/20x-script-*.t).
+use lib 't/lib';
+use RLTest;
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: sliding_counter admits the limit, then rejects with a Retry-After
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=3 window=10s algorithm=sliding_counter clock=nginx;
+--- config
+    location /t { ratelimit api; add_header X-RL $ratelimit_status always; }
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 200, 429]
+--- response_headers eval
+["RateLimit-Limit: 3\nRateLimit-Remaining: 2", "RateLimit-Remaining: 1",
+ "RateLimit-Remaining: 0", "RateLimit-Remaining: 0\nX-RL: REJECTED"]
+--- response_headers_like eval
+[undef, undef, undef, "Retry-After: ^\\d+\$"]
+--- redis_check
+GET rl:api:a =~ ^\d+:3:0$
+PTTL rl:api:a =~ ^\d+$
+DBSIZE => 1
+
+
+
+=== TEST 2: one small string per key whatever the limit
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=1000000 window=1h algorithm=sliding_counter;
+--- config
+    location /t { ratelimit api; }
+--- request eval
+[("GET /t?k=a") x 20]
+--- error_code: 200
+--- redis_check
+TYPE rl:api:a => string
+GET rl:api:a =~ ^\d+:20:0$
+
+
+
+=== TEST 3: gcra without burst spaces requests window/limit apart
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=10 window=100s algorithm=gcra clock=nginx;
+--- config
+    location /t { ratelimit api; ratelimit_deny_cache off; }
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=b"]
+--- error_code eval
+[200, 429, 200]
+--- response_headers eval
+["RateLimit-Limit: 10\nRateLimit-Remaining: 0", "RateLimit-Remaining: 0", undef]
+--- response_headers_like eval
+[undef, "Retry-After: ^(9|10)\$", undef]
+--- redis_check
+TYPE rl:api:a => string
+GET rl:api:a =~ ^\d{13}(\.\d+)?$
+PTTL rl:api:a =~ ^(9\d{3}|10000)$
+
+
+
+=== TEST 4: gcra with burst=3 admits three at once, and a denial stores nothing
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=1 window=1h algorithm=gcra burst=3 clock=nginx;
+--- config
+    location /t { ratelimit api; ratelimit_deny_cache off; }
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 200, 429, 429]
+--- response_headers eval
+["RateLimit-Remaining: 2", "RateLimit-Remaining: 1", "RateLimit-Remaining: 0",
+ "RateLimit-Remaining: 0", "RateLimit-Remaining: 0"]
+--- response_headers_like eval
+[undef, undef, undef, "Retry-After: ^(3599|3600)\$", "Retry-After: ^(3599|3600)\$"]
+--- redis_check
+PTTL rl:api:a =~ ^(1079\d{4}|10800000)$
+
+
+
+=== TEST 5: gcra with the Redis clock
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=2 window=1h algorithm=gcra burst=2;
+--- config
+    location /t { ratelimit api; }
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 429]
+
+
+
+=== TEST 6: unknown algorithm, and burst= without gcra
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=2 window=1h algorithm=leaky;
+--- config
+    location /t { ratelimit api; }
+--- must_die
+--- error_log eval
+qr/invalid value "algorithm=leaky" in "ratelimit_zone" directive in .*nginx\.conf:\d+/
+
+
+
+=== TEST 7: burst= needs algorithm=gcra
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=2 window=1h burst=5;
+--- config
+    location /t { ratelimit api; }
+--- must_die
+--- error_log eval
+qr/"burst=" of "ratelimit_zone" directive "api" needs algorithm=gcra in .*nginx\.conf:\d+/

@@ -1,0 +1,159 @@
+# cost= on ratelimit lines, and limit=/window= from variables (plans).
+use lib 't/lib';
+use RLTest;
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: an expensive endpoint takes several units
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=5 window=10s clock=nginx;
+--- config
+    location /t { ratelimit api; }
+    location /u { ratelimit api cost=3; }
+--- request eval
+["GET /u?k=a", "GET /u?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 429, 200, 200, 429]
+--- response_headers eval
+["RateLimit-Remaining: 2", "RateLimit-Remaining: 2", "RateLimit-Remaining: 1",
+ "RateLimit-Remaining: 0", "RateLimit-Remaining: 0"]
+--- response_headers_like eval
+[undef, "Retry-After: ^(9|10)\$", undef, undef, "Retry-After: ^(9|10)\$"]
+--- redis_check
+ZCARD rl:api:a => 5
+
+
+
+=== TEST 2: cost from a variable (a map), members stay unique
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=100 window=10s clock=nginx;
+    map $request_method $cost { POST 10; default 1; }
+--- config
+    location /t { ratelimit api cost=$cost; }
+--- request eval
+["GET /t?k=a", "POST /t?k=a", "POST /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 405, 405, 200]
+--- response_headers eval
+["RateLimit-Remaining: 99", "RateLimit-Remaining: 89", "RateLimit-Remaining: 79",
+ "RateLimit-Remaining: 78"]
+--- redis_check
+ZCARD rl:api:a => 22
+
+
+
+=== TEST 3: cost=0 reports the quota without taking any
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=2 window=10s clock=nginx;
+--- config
+    location /t { ratelimit api; }
+    location /u { ratelimit api cost=0; }
+--- request eval
+["GET /u?k=a", "GET /t?k=a", "GET /u?k=a", "GET /t?k=a", "GET /u?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 200, 200, 200, 429]
+--- response_headers eval
+["RateLimit-Remaining: 2\nRateLimit-Reset: 0", "RateLimit-Remaining: 1",
+ "RateLimit-Remaining: 1", "RateLimit-Remaining: 0", "RateLimit-Remaining: 0",
+ "RateLimit-Remaining: 0"]
+--- redis_check
+ZCARD rl:api:a => 2
+
+
+
+=== TEST 4: a cost above what the zone can ever grant is denied without asking Redis
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api  key=$arg_k limit=5 window=10s;
+    ratelimit_zone pace key=$arg_k limit=5 window=10s algorithm=gcra burst=2;
+--- config
+    location /t { ratelimit api cost=6; add_header X-RL $ratelimit_status always; }
+    location /u { ratelimit pace cost=3; add_header X-RL $ratelimit_status always; }
+--- request eval
+["GET /t?k=a", "GET /u?k=a"]
+--- error_code: 429
+--- response_headers
+X-RL: REJECTED
+!Retry-After
+--- redis_check
+DBSIZE => 0
+--- error_log eval
+[qr/ratelimit: cost 6 exceeds the 5 units zone "api" can ever grant, request rejected/,
+ qr/ratelimit: cost 3 exceeds the 2 units zone "pace" can ever grant/]
+
+
+
+=== TEST 5: limit and window per consumer plan
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    map $arg_plan $plan_limit  { gold 3;   default 1; }
+    map $arg_plan $plan_window { gold 1m;  default 10s; }
+    ratelimit_zone api key=$arg_k limit=$plan_limit window=$plan_window clock=nginx;
+--- config
+    location /t { ratelimit api; ratelimit_headers draft; }
+--- request eval
+["GET /t?k=free", "GET /t?k=free",
+ "GET /t?k=g&plan=gold", "GET /t?k=g&plan=gold", "GET /t?k=g&plan=gold", "GET /t?k=g&plan=gold"]
+--- error_code eval
+[200, 429, 200, 200, 200, 429]
+--- response_headers eval
+["RateLimit-Policy: \"api\";q=1;w=10", "RateLimit-Policy: \"api\";q=1;w=10",
+ "RateLimit-Policy: \"api\";q=3;w=60", undef, undef, "RateLimit: \"api\";r=0;t=60"]
+--- redis_check
+ZCARD rl:api:free => 1
+ZCARD rl:api:g => 3
+PTTL rl:api:g =~ ^(59\d{3}|60000)$
+
+
+
+=== TEST 6: a variable limit that is not a number: logged, fail open
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=$arg_limit window=10s;
+--- config
+    location /t { ratelimit api; add_header X-RL $ratelimit_status always; }
+--- request eval
+["GET /t?k=a&limit=abc", "GET /t?k=a&limit=0", "GET /t?k=a&limit=2"]
+--- error_code: 200
+--- response_headers eval
+["X-RL: FAILED_OPEN", "X-RL: FAILED_OPEN", "X-RL: PASSED"]
+--- redis_check
+ZCARD rl:api:a => 1
+--- error_log eval
+qr/\[error\] .*ratelimit: invalid limit "abc" for zone "api", request passed by ratelimit_fail/
+
+
+
+=== TEST 7: a bad window or cost under fail closed: 503, never unlimited
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=5 window=$arg_w;
+--- config
+    ratelimit_fail closed;
+    location /t { ratelimit api; add_header X-RL $ratelimit_status always; }
+    location /u { ratelimit api cost=$arg_c; add_header X-RL $ratelimit_status always; }
+--- request eval
+["GET /t?k=a&w=", "GET /u?k=a&w=1s&c=-1", "GET /t?k=a&w=1s"]
+--- error_code eval
+[503, 503, 200]
+--- response_headers eval
+["X-RL: FAILED_CLOSED", "X-RL: FAILED_CLOSED", "X-RL: PASSED"]
+--- error_log eval
+qr/ratelimit: invalid window "" for zone "api", request rejected by ratelimit_fail/
+
+
+
+=== TEST 8: bad cost values fail nginx -t
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=5 window=10s;
+--- config
+    location /t { ratelimit api cost=abc; }
+--- must_die
+--- error_log eval
+qr/invalid value "cost=abc" in "ratelimit" directive in .*nginx\.conf:\d+/
