@@ -18,7 +18,8 @@
 local ALGORITHMS = { l = sliding_log, c = sliding_counter, g = gcra }
 
 local now, base_us = tonumber(ARGV[1]), nil
-if now then
+local gateway_clock = now ~= nil
+if gateway_clock then
   base_us = now * 1000
 else
   local t = redis.call('TIME')
@@ -52,7 +53,7 @@ local reply = { allowed }
 for i = 1, #zones do
   local z = zones[i]
   if allowed == 1 and z.cost > 0 then
-    z.alg.commit(z, now, base_us)
+    z.alg.commit(z, now, base_us, gateway_clock)
   end
   local remaining, reset = z.alg.report(z, now)
   reply[#reply + 1] = z.ok and 1 or 0

@@ -2,7 +2,7 @@
 -- timestamp. Exact, and the memory grows with the limit: at most `limit` entries per key.
 --
 -- Members are integers: the request's clock in microseconds, plus one per further unit of the
--- same request. Integer members are what Redis stores most compactly (a listpack integer, not a
+-- same request (see commit). Integer members are what Redis stores most compactly (a listpack integer, not a
 -- string), and `ZADD NX` guarantees they stay unique: two requests never collapse into one
 -- entry, whichever gateway and clock they come from.
 
@@ -18,17 +18,30 @@ end
 -- Adds at most this many entries per ZADD, to stay far below Lua's limit on unpacked values.
 local ZADD_CHUNK = 256
 
-function sliding_log.commit(z, now, base_us)
-  local added, m = 0, base_us
-  local rest = z.cost
-  while rest > 0 do
-    local args, n = {}, math.min(rest, ZADD_CHUNK)
-    for i = 1, n do
-      args[2 * i - 1] = now
-      args[2 * i] = string.format('%d', m + i - 1)
+-- `base_us` is the decision's clock in microseconds. With a gateway clock it is a whole
+-- millisecond, shared by every request of that millisecond: the count (which only grows within
+-- one millisecond) spreads them over its 1000 microseconds, so they rarely need a second try.
+function sliding_log.commit(z, now, base_us, gateway_clock)
+  local m = base_us
+  if gateway_clock then
+    m = m + z.used % 1000
+  end
+  local added
+  if z.cost == 1 then
+    added = redis.call('ZADD', z.key, 'NX', now, string.format('%d', m))
+    m = m + 1
+  else
+    added = 0
+    local rest = z.cost
+    while rest > 0 do
+      local args, n = {}, math.min(rest, ZADD_CHUNK)
+      for i = 1, n do
+        args[2 * i - 1] = now
+        args[2 * i] = string.format('%d', m + i - 1)
+      end
+      added = added + redis.call('ZADD', z.key, 'NX', unpack(args))
+      m, rest = m + n, rest - n
     end
-    added = added + redis.call('ZADD', z.key, 'NX', unpack(args))
-    m, rest = m + n, rest - n
   end
   -- A member was taken: the same microsecond on the Redis clock, or a gateway clock that saw
   -- the same millisecond. Move past the newest entry; each try uses a larger member.
