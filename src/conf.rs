@@ -54,6 +54,12 @@ pub struct RedisConf {
     pub connect_timeout: ngx_msec_t,
     pub keepalive_timeout: ngx_msec_t,
     pub prefix: Vec<u8>,
+    /// `AUTH [user] password`, RESP-encoded, sent first on every connection. Never logged.
+    pub auth: Option<Vec<u8>>,
+    /// Consecutive failures that open the circuit breaker.
+    pub fail_threshold: u32,
+    /// How long an open breaker lets no decision reach Redis.
+    pub fail_backoff: ngx_msec_t,
 }
 
 pub struct Zone {

@@ -19,6 +19,7 @@ use crate::headers::HeaderMode;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_uint, parse_window, split_param, valid_zone_name,
 };
+use crate::redis::resp;
 use crate::script::Algorithm;
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
@@ -155,8 +156,12 @@ unsafe extern "C" fn cmd_redis(
         connect_timeout: 0,
         keepalive_timeout: 60_000,
         prefix: b"rl:".to_vec(),
+        auth: None,
+        fail_threshold: 3,
+        fail_backoff: 1000,
     };
     let mut connect_timeout = None;
+    let (mut user, mut password) = (None, None);
     for arg in &args[2..] {
         let s = text(arg);
         let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
@@ -167,15 +172,43 @@ unsafe extern "C" fn cmd_redis(
                 parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
             }
             "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
+            "fail_threshold" => {
+                parse_uint(value, 1, 1_000_000).map(|n| redis.fail_threshold = n as u32)
+            }
+            "fail_backoff" => {
+                parse_msec(value).filter(|&t| t > 0).map(|t| redis.fail_backoff = t as _)
+            }
             "prefix" => {
                 redis.prefix = value.as_bytes().to_vec();
                 Some(())
             }
+            "user" if !value.is_empty() => {
+                user = Some(value);
+                Some(())
+            }
+            "password" if !value.is_empty() => {
+                password = Some(value);
+                Some(())
+            }
+            // The value is a secret: name the parameter, never echo it.
+            "user" | "password" => return invalid(cf, "empty parameter", name),
             _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
             return invalid(cf, "value", s);
         }
+    }
+    match (user, password) {
+        (_, Some(password)) => redis.auth = Some(resp::auth_command(user, password)),
+        (Some(_), None) => {
+            ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "\"user=\" of the \"ratelimit_redis\" directive needs \"password=\""
+            );
+            return NGX_CONF_ERROR as _;
+        }
+        (None, None) => {}
     }
     // The whole decision must fit in `timeout`, so connecting can never take longer.
     redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);

@@ -404,10 +404,25 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             }
             return record(ctx, &d);
         }
+        Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
+            Failure::WrongType(wrong_type_keys(ctx, mcf))
+        }
         Ok(Err(e)) => Failure::Reply(e),
         Err(e) => Failure::Redis(e),
     };
     fail(ctx, lcf, failure);
+}
+
+/// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
+/// whatever else was stored there.
+fn wrong_type_keys(ctx: &Ctx, mcf: &MainConf) -> String {
+    let prefix = mcf.redis.as_ref().map_or(&b""[..], |r| &r.prefix[..]);
+    let keys = ctx.zones.iter().map(|z| {
+        let key = Key::new(prefix, mcf.zones[z.zone].name.as_bytes(), z.value());
+        let bytes: Vec<u8> = key.parts().concat();
+        format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
+    });
+    keys.collect::<Vec<_>>().join(", ")
 }
 
 /// Applies the fail policy; the reason is logged at most once a second per worker.
@@ -432,6 +447,8 @@ enum Failure {
     Reply(ReplyError),
     /// A limit, window or cost variable whose value is not a valid number: (what, zone, value).
     BadValue(&'static str, String, String),
+    /// One of these keys holds data that is not ours.
+    WrongType(String),
 }
 
 impl core::fmt::Display for Failure {
@@ -442,6 +459,9 @@ impl core::fmt::Display for Failure {
             Failure::Reply(ReplyError::Redis(msg)) => write!(f, "redis replied \"{msg}\""),
             Failure::Reply(ReplyError::Unexpected) => {
                 f.write_str("unexpected reply from the script")
+            }
+            Failure::WrongType(keys) => {
+                write!(f, "redis replied WRONGTYPE: one of the keys {keys} holds other data")
             }
             Failure::BadValue(what, zone, value) => {
                 write!(f, "invalid {what} \"{}\" for zone \"{zone}\"", value.escape_debug())

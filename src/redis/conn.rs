@@ -10,9 +10,8 @@ use ngx::ffi::{
     ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer, ngx_event_t, ngx_exiting,
     ngx_handle_read_event, ngx_handle_write_event, ngx_log_t, ngx_peer_connection_t,
     ngx_post_event, ngx_posted_events, ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN,
-    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_OK, SOL_SOCKET, SO_ERROR,
+    NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
-use ngx::ngx_log_error;
 
 use super::pool::{complete, RedisError, Token, Waiter, WorkerPool};
 use super::resp;
@@ -66,7 +65,7 @@ impl Conn {
                 head_seq: 0,
                 flush_ev: core::mem::zeroed(),
             });
-            if (*pool).down {
+            if (*pool).breaker.failing() {
                 // nginx logs each failed connect() itself; an outage was already reported.
                 conn.log.log_level = NGX_LOG_EMERG as _;
             }
@@ -81,14 +80,7 @@ impl Conn {
 
             let rc = ngx_event_connect_peer(pc);
             if rc != NGX_OK as isize && rc != NGX_AGAIN as isize {
-                if !(*pool).down {
-                    ngx_log_error!(
-                        NGX_LOG_ERR,
-                        (*ngx_cycle).log,
-                        "ratelimit: cannot connect to redis \"{}\", requests follow ratelimit_fail",
-                        conf.name
-                    );
-                }
+                // The caller counts and logs the failure.
                 return Err(RedisError::Connect);
             }
             conn.log.log_level = (*(*ngx_cycle).log).log_level;
@@ -103,6 +95,13 @@ impl Conn {
                 ngx_add_timer((*c).write, conf.connect_timeout);
             } else {
                 conn.connected = true;
+            }
+            if let Some(auth) = &conf.auth {
+                // First on the wire; its reply is checked by the pool like any other (a
+                // `WRONGPASS` counts as a failure) and then dropped.
+                conn.out.extend_from_slice(auth);
+                conn.slots.push_back(None);
+                ngx_add_timer((*c).read, conf.timeout);
             }
             if !conf.is_unix {
                 // Small pipelined writes must not wait for Nagle and delayed ACKs.
@@ -152,13 +151,8 @@ impl Conn {
         unsafe {
             let conn = Box::from_raw(this.as_ptr());
             let pool = &mut *conn.pool;
-            if log && pool.failed() {
-                ngx_log_error!(
-                    NGX_LOG_ERR,
-                    (*ngx_cycle).log,
-                    "ratelimit: redis \"{}\" {why}, requests follow ratelimit_fail",
-                    pool.conf().name
-                );
+            if log {
+                pool.failed(&why);
             }
             pool.forget(this);
             if conn.flush_ev.posted() != 0 {
@@ -223,8 +217,10 @@ impl Conn {
             }
         }
 
+        let pool = &mut *conn.pool;
         let mut pos = 0;
         let mut progressed = false;
+        let mut replace = false;
         loop {
             match resp::decode(&conn.inbuf[pos..]) {
                 Ok(Some((reply, used))) => {
@@ -234,6 +230,7 @@ impl Conn {
                     };
                     conn.head_seq += 1;
                     progressed = true;
+                    replace |= pool.replied(&reply);
                     if let Some(w) = slot {
                         complete(w, Ok(reply));
                     }
@@ -248,15 +245,9 @@ impl Conn {
             let busy = !conn.slots.is_empty();
             return Conn::close(this, RedisError::Closed, busy);
         }
-        let pool = &mut *conn.pool;
-        if progressed && pool.down {
-            pool.down = false;
-            ngx_log_error!(
-                NGX_LOG_NOTICE,
-                (*ngx_cycle).log,
-                "ratelimit: redis \"{}\" answers again",
-                pool.conf().name
-            );
+        if replace {
+            // Already counted as a failure; what is still pending follows the fail policy.
+            return Conn::close(this, RedisError::Closed, false);
         }
         let rev = (*c).read;
         if conn.slots.is_empty() {

@@ -1,5 +1,6 @@
 //! Talking to Redis: the RESP codec (pure) and the per-worker pool of event-loop connections.
 
+pub mod breaker;
 #[cfg(not(test))]
 mod conn;
 #[cfg(not(test))]

@@ -9,8 +9,13 @@
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use ngx::ffi::{ngx_current_msec, ngx_event_t, ngx_msec_t, ngx_post_event, ngx_posted_events};
+use ngx::ffi::{
+    ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
+    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+};
+use ngx::ngx_log_error;
 
+use super::breaker::{self, Admit, Breaker, Transition};
 use super::conn::Conn;
 use super::resp::{ProtocolError, Reply};
 use crate::conf::{MainConf, RedisConf};
@@ -18,9 +23,6 @@ use crate::conf::{MainConf, RedisConf};
 /// A new connection is opened only when every open one already carries this many decisions;
 /// below that, pipelining on few connections is cheaper for Redis and for the worker.
 const SPILL_AT: usize = 16;
-/// After a failed connect, decisions fail at once for this long instead of each paying for a
-/// connect attempt (and a log line) while Redis is down.
-const RECONNECT_BACKOFF: ngx_msec_t = 1000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisError {
@@ -31,18 +33,21 @@ pub enum RedisError {
     Io,
     Protocol(ProtocolError),
     UnexpectedReply,
+    /// An error reply after which Redis cannot decide (`LOADING`, `BUSY`, `READONLY`, ...).
+    Refused(String),
 }
 
 impl fmt::Display for RedisError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RedisError::Connect => f.write_str("connect failed"),
-            RedisError::Unavailable => f.write_str("unavailable (reconnect back-off)"),
+            RedisError::Unavailable => f.write_str("not asked (circuit open after failures)"),
             RedisError::Timeout => f.write_str("timed out"),
             RedisError::Closed => f.write_str("closed the connection"),
             RedisError::Io => f.write_str("i/o error"),
             RedisError::Protocol(e) => write!(f, "protocol error: {e}"),
             RedisError::UnexpectedReply => f.write_str("sent a reply to a command never sent"),
+            RedisError::Refused(msg) => write!(f, "replied \"{msg}\""),
         }
     }
 }
@@ -66,10 +71,7 @@ pub struct Token {
 pub struct WorkerPool {
     pub(super) conf: *const RedisConf,
     pub(super) conns: Vec<NonNull<Conn>>,
-    retry_at: ngx_msec_t,
-    /// True from the first failure of an outage until Redis answers again, so each outage is
-    /// logged once rather than once per request.
-    pub(super) down: bool,
+    pub(super) breaker: Breaker,
 }
 
 impl WorkerPool {
@@ -78,12 +80,8 @@ impl WorkerPool {
         let conf = mcf.redis.as_ref()?;
         let mut p = mcf.pool.get();
         if p.is_null() {
-            p = Box::into_raw(Box::new(WorkerPool {
-                conf,
-                conns: Vec::new(),
-                retry_at: 0,
-                down: false,
-            }));
+            let breaker = Breaker::new(conf.fail_threshold, conf.fail_backoff as u64);
+            p = Box::into_raw(Box::new(WorkerPool { conf, conns: Vec::new(), breaker }));
             mcf.pool.set(p);
         }
         // SAFETY: the pool lives until `destroy` at worker exit, and a worker is one thread.
@@ -104,7 +102,7 @@ impl WorkerPool {
         drop(pool);
     }
 
-    pub(super) fn conf(&self) -> &RedisConf {
+    pub(super) fn conf(&self) -> &'static RedisConf {
         // SAFETY: the configuration outlives the worker's pool.
         unsafe { &*self.conf }
     }
@@ -124,10 +122,13 @@ impl WorkerPool {
     }
 
     fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
+        if self.breaker.admit(now()) == Admit::No {
+            return Err(RedisError::Unavailable);
+        }
         // SAFETY: every pointer in `conns` is a live connection.
         let least = self.conns.iter().copied().min_by_key(|c| unsafe { c.as_ref().in_flight() });
         let busy = least.is_none_or(|c| unsafe { c.as_ref().in_flight() } >= SPILL_AT);
-        if busy && self.conns.len() < self.conf().pool_size && self.may_connect() {
+        if busy && self.conns.len() < self.conf().pool_size {
             let self_ptr: *mut WorkerPool = self;
             match Conn::connect(self_ptr) {
                 Ok(c) => {
@@ -135,8 +136,7 @@ impl WorkerPool {
                     return Ok(c);
                 }
                 Err(e) => {
-                    // Conn::connect has logged it if this opens an outage.
-                    self.failed();
+                    self.failed(&e);
                     if least.is_none() {
                         return Err(e);
                     }
@@ -144,10 +144,6 @@ impl WorkerPool {
             }
         }
         least.ok_or(RedisError::Unavailable)
-    }
-
-    fn may_connect(&self) -> bool {
-        !self.down || unsafe { ngx_current_msec } >= self.retry_at
     }
 
     /// Detaches a waiter from its slot; the reply, when it comes, is dropped.
@@ -160,11 +156,72 @@ impl WorkerPool {
         self.conns.retain(|&c| c != conn);
     }
 
-    /// A failure on a connection: opens the outage (logged once) and delays reconnects.
-    pub(super) fn failed(&mut self) -> bool {
-        self.retry_at = unsafe { ngx_current_msec } + RECONNECT_BACKOFF;
-        !core::mem::replace(&mut self.down, true)
+    /// A failure: the first of an outage is logged with its reason, and the breaker's
+    /// transitions once each.
+    pub(super) fn failed(&mut self, why: &RedisError) {
+        let name = &self.conf().name;
+        if !self.breaker.failing() {
+            ngx_log_error!(
+                NGX_LOG_ERR,
+                log(),
+                "ratelimit: redis \"{name}\" {why}, requests follow ratelimit_fail"
+            );
+        }
+        let backoff = self.conf().fail_backoff;
+        match self.breaker.failure(now()) {
+            Some(Transition::Opened) => {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log(),
+                    "ratelimit: redis \"{name}\" failed {} times in a row, not asked for \
+                     {backoff}ms",
+                    self.conf().fail_threshold
+                );
+            }
+            Some(Transition::Reopened) => {
+                ngx_log_error!(
+                    NGX_LOG_INFO,
+                    log(),
+                    "ratelimit: redis \"{name}\" probe failed, not asked for {backoff}ms"
+                );
+            }
+            _ => {}
+        }
     }
+
+    /// A reply: usable ones close the breaker, errors meaning Redis cannot serve count as
+    /// failures. Returns whether the connection should be replaced (`READONLY`: a replica after
+    /// a failover, whose address may lead to the new primary on a fresh connection).
+    pub(super) fn replied(&mut self, reply: &Reply) -> bool {
+        if let Reply::Error(e) = reply {
+            if breaker::unusable(e) {
+                let msg = String::from_utf8_lossy(e);
+                self.failed(&RedisError::Refused(msg.into_owned()));
+                return e.starts_with(b"READONLY");
+            }
+        }
+        let was_failing = self.breaker.failing();
+        self.breaker.success();
+        if was_failing {
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log(),
+                "ratelimit: redis \"{}\" answers again",
+                self.conf().name
+            );
+        }
+        false
+    }
+}
+
+fn now() -> u64 {
+    // SAFETY: a worker's cached clock, read on its only thread.
+    unsafe { ngx_current_msec as u64 }
+}
+
+fn log() -> *mut ngx::ffi::ngx_log_t {
+    // SAFETY: the cycle (and its log) exists whenever a worker runs event handlers.
+    unsafe { (*ngx_cycle).log }
 }
 
 /// Stores a waiter's result and wakes its request through its posted event.

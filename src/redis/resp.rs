@@ -175,6 +175,18 @@ pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
     put_bulk(out, s);
 }
 
+/// `AUTH password` or, with an ACL user, `AUTH user password`.
+pub fn auth_command(user: Option<&str>, password: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_array_len(&mut out, if user.is_some() { 3 } else { 2 });
+    put_bulk(&mut out, b"AUTH");
+    if let Some(user) = user {
+        put_bulk(&mut out, user.as_bytes());
+    }
+    put_bulk(&mut out, password.as_bytes());
+    out
+}
+
 fn put_usize(out: &mut Vec<u8>, v: usize) {
     let mut digits = [0u8; 20];
     out.extend_from_slice(fmt_u64(v as u64, &mut digits));
