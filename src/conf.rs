@@ -15,6 +15,7 @@ use ngx::ngx_log_error;
 
 use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
+use crate::local_limit::LocalLimiter;
 use crate::module::RateLimit;
 use crate::redis::pool::WorkerPool;
 use crate::script::Algorithm;
@@ -40,6 +41,8 @@ pub enum Param {
 pub enum FailPolicy {
     Open,
     Closed,
+    /// Each worker enforces its share of every zone from memory.
+    Local,
 }
 
 pub struct RedisConf {
@@ -83,6 +86,8 @@ pub struct MainConf {
     /// This worker's remembered rejections, created on the first one. Indexed by zone, so it
     /// belongs to this configuration and goes with it on reload.
     pub deny_cache: RefCell<Option<DenyCache>>,
+    /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
+    pub local: RefCell<Option<LocalLimiter>>,
 }
 
 impl Default for MainConf {
@@ -93,6 +98,7 @@ impl Default for MainConf {
             script_sha: [0; 40],
             pool: Cell::new(ptr::null_mut()),
             deny_cache: RefCell::new(None),
+            local: RefCell::new(None),
         }
     }
 }
@@ -120,6 +126,7 @@ pub struct LocConf {
     pub headers: Option<HeaderMode>,
     pub log_level: Option<ngx_uint_t>,
     pub deny_cache: Option<bool>,
+    pub fail_local_share: Option<u64>,
 }
 
 impl LocConf {
@@ -137,6 +144,10 @@ impl LocConf {
     }
     pub fn log_level(&self) -> ngx_uint_t {
         self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
+    }
+    /// `None`: the default, this nginx's `worker_processes`.
+    pub fn fail_local_share(&self) -> Option<u64> {
+        self.fail_local_share
     }
     pub fn deny_cache(&self) -> bool {
         self.deny_cache.unwrap_or(true)
@@ -163,6 +174,7 @@ pub unsafe extern "C" fn merge_loc_conf(
     conf.headers = conf.headers.or(prev.headers);
     conf.log_level = conf.log_level.or(prev.log_level);
     conf.deny_cache = conf.deny_cache.or(prev.deny_cache);
+    conf.fail_local_share = conf.fail_local_share.or(prev.fail_local_share);
 
     let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
         return ptr::null_mut();

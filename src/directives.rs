@@ -40,7 +40,7 @@ const fn command(
     }
 }
 
-pub static mut COMMANDS: [ngx_command_t; 9] = [
+pub static mut COMMANDS: [ngx_command_t; 10] = [
     command(
         ngx_string!("ratelimit_redis"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -81,6 +81,12 @@ pub static mut COMMANDS: [ngx_command_t; 9] = [
         ngx_string!("ratelimit_log_level"),
         LOC_CONTEXTS | NGX_CONF_TAKE1,
         cmd_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_fail_local_share"),
+        LOC_CONTEXTS | NGX_CONF_TAKE1,
+        cmd_fail_local_share,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     command(
@@ -403,7 +409,9 @@ unsafe extern "C" fn cmd_fail(
     conf: *mut c_void,
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
-    set_keyword(cf, &mut lcf.fail, &[("open", FailPolicy::Open), ("closed", FailPolicy::Closed)])
+    let table =
+        [("open", FailPolicy::Open), ("closed", FailPolicy::Closed), ("local", FailPolicy::Local)];
+    set_keyword(cf, &mut lcf.fail, &table)
 }
 
 unsafe extern "C" fn cmd_headers(
@@ -465,4 +473,23 @@ unsafe extern "C" fn cmd_deny_cache(
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
     set_keyword(cf, &mut lcf.deny_cache, &[("on", true), ("off", false)])
+}
+
+unsafe extern "C" fn cmd_fail_local_share(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    if lcf.fail_local_share.is_some() {
+        return IS_DUPLICATE;
+    }
+    let value = text(&args(cf)[1]);
+    match parse_uint(value, 1, 1_000_000) {
+        Some(n) => {
+            lcf.fail_local_share = Some(n);
+            NGX_CONF_OK
+        }
+        None => invalid(cf, "value", value),
+    }
 }

@@ -6,11 +6,12 @@ use core::ptr::{self, NonNull};
 
 use ngx::core::Pool;
 use ngx::ffi::{
-    ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
-    ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_complex_value, ngx_http_complex_value_t,
-    ngx_http_log_ctx_t, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading,
-    ngx_int_t, ngx_list_push, ngx_msec_t, ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday,
-    NGX_AGAIN, NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
+    ngx_add_timer, ngx_core_conf_t, ngx_core_module, ngx_current_msec, ngx_cycle, ngx_del_timer,
+    ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading, ngx_http_cleanup_add,
+    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_log_ctx_t, ngx_http_request_t,
+    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_list_push, ngx_msec_t,
+    ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -19,10 +20,11 @@ use crate::conf::{Clock, FailPolicy, LocConf, MainConf, Param};
 use crate::deny_cache::{Denial, DenyCache};
 use crate::headers::{self, Policy, Quota};
 use crate::key::Key;
+use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
-use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs, ZoneVerdict};
 
 /// What happened to a main request; read by the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,9 @@ pub enum Status {
     Rejected,
     /// Rejected by this worker's memory of an earlier rejection, without asking Redis.
     RejectedCached,
+    /// Decided by this worker alone under `ratelimit_fail local`, Redis being unusable.
+    PassedLocal,
+    RejectedLocal,
     FailedOpen,
     FailedClosed,
 }
@@ -45,6 +50,8 @@ impl Status {
             Status::Passed => b"PASSED",
             Status::Rejected => b"REJECTED",
             Status::RejectedCached => b"REJECTED_CACHED",
+            Status::PassedLocal => b"PASSED_LOCAL",
+            Status::RejectedLocal => b"REJECTED_LOCAL",
             Status::FailedOpen => b"FAILED_OPEN",
             Status::FailedClosed => b"FAILED_CLOSED",
         }
@@ -71,6 +78,8 @@ pub struct Ctx {
     zones: Vec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
+    /// Under `ratelimit_fail local`: each zone's limit as this worker enforced it.
+    local_limits: Vec<u64>,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -140,7 +149,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             (Ok(l), Ok(w), Ok(c)) => (l, w, c),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
-                fail(ctx, lcf, Failure::BadValue(what, zone.name.clone(), value));
+                fail(ctx, lcf, mcf, Failure::BadValue(what, zone.name.clone(), value));
                 return apply(ctx, lcf, mcf);
             }
         };
@@ -273,6 +282,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         eval_retried: false,
         started: 0,
         zones: Vec::new(),
+        local_limits: Vec::new(),
         quota: None,
     }))?;
     let cln = ngx_http_cleanup_add(r, 0);
@@ -410,7 +420,7 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
         Ok(Err(e)) => Failure::Reply(e),
         Err(e) => Failure::Redis(e),
     };
-    fail(ctx, lcf, failure);
+    fail(ctx, lcf, mcf, failure);
 }
 
 /// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
@@ -426,19 +436,75 @@ fn wrong_type_keys(ctx: &Ctx, mcf: &MainConf) -> String {
 }
 
 /// Applies the fail policy; the reason is logged at most once a second per worker.
-unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, failure: Failure) {
+unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
     ctx.status = match lcf.fail() {
         FailPolicy::Open => Status::FailedOpen,
         FailPolicy::Closed => Status::FailedClosed,
+        // A bad limit or cost leaves nothing to enforce locally: closed, never unlimited.
+        FailPolicy::Local if matches!(failure, Failure::BadValue(..)) => Status::FailedClosed,
+        FailPolicy::Local => decide_locally(ctx, lcf, mcf),
     };
     if log_throttle(&mut *ptr::addr_of_mut!(FAILURE_LOG)) {
+        let outcome = match ctx.status {
+            Status::FailedOpen => "passed",
+            Status::FailedClosed => "rejected",
+            _ => "decided by this worker alone",
+        };
         ngx_log_error!(
             NGX_LOG_ERR,
             (*(*ctx.r).connection).log,
-            "ratelimit: {failure}, request {} by ratelimit_fail",
-            if ctx.status == Status::FailedOpen { "passed" } else { "rejected" }
+            "ratelimit: {failure}, request {outcome} by ratelimit_fail"
         );
     }
+}
+
+/// Per-worker entries of `ratelimit_fail local`; each costs its key plus about 80 bytes.
+const LOCAL_ENTRIES: usize = 100_000;
+
+/// `ratelimit_fail local`: this worker's share of each zone, from its own memory.
+unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Status {
+    let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
+    let zones: Vec<LocalZone<'_>> = ctx
+        .zones
+        .iter()
+        .map(|z| LocalZone {
+            zone: z.zone,
+            key: z.value(),
+            limit: (z.limit / share).max(1),
+            window_ms: z.window_ms,
+            cost: z.cost,
+        })
+        .collect();
+    let mut local = mcf.local.borrow_mut();
+    let local = local.get_or_insert_with(|| LocalLimiter::new(LOCAL_ENTRIES));
+    let verdicts = local.decide(&zones, ngx_current_msec as u64);
+    let allowed = verdicts.iter().all(|v| v.ok);
+    // The same choice of deciding zone as for Redis's answers.
+    let decision = Decision {
+        allowed,
+        zones: verdicts
+            .iter()
+            .map(|v| ZoneVerdict { ok: v.ok, remaining: v.remaining, reset_ms: v.retry_ms })
+            .collect(),
+    };
+    let i = decision.deciding_zone();
+    ctx.quota = Some((i, verdicts[i].remaining, verdicts[i].retry_ms));
+    ctx.local_limits = zones.iter().map(|z| z.limit).collect();
+    if allowed {
+        Status::PassedLocal
+    } else {
+        Status::RejectedLocal
+    }
+}
+
+/// `worker_processes` of the running configuration: the default share of a zone per worker.
+unsafe fn worker_processes() -> u64 {
+    // SAFETY: the core module's configuration is the cycle's first, set before workers start.
+    let ccf = *(*ngx_cycle).conf_ctx.add(ngx_core_module.index) as *const ngx_core_conf_t;
+    if ccf.is_null() {
+        return 1;
+    }
+    ((*ccf).worker_processes as u64).max(1)
 }
 
 /// Why a decision failed; formatted only when it is logged, not once per request of an outage.
@@ -494,21 +560,19 @@ fn log_throttle(last: &mut ngx_msec_t) -> bool {
 unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     ctx.applied = true;
     let r = ctx.r;
-    let rejected = matches!(ctx.status, Status::Rejected | Status::RejectedCached);
+    let rejected =
+        matches!(ctx.status, Status::Rejected | Status::RejectedCached | Status::RejectedLocal);
     if let Some((i, remaining, reset_ms)) = ctx.quota {
         let z = &ctx.zones[i];
+        // A local decision reports the worker's share, which is what it enforced.
+        let limit_of = |j: usize, z: &ZoneReq| ctx.local_limits.get(j).copied().unwrap_or(z.limit);
         let name = mcf.zones[z.zone].name.as_str();
-        let quota = Quota {
-            zone: name,
-            limit: z.limit,
-            window_ms: z.window_ms,
-            remaining,
-            reset_ms,
-            rejected,
-        };
-        let policies = ctx.zones.iter().map(|z| Policy {
+        let limit = limit_of(i, z);
+        let quota =
+            Quota { zone: name, limit, window_ms: z.window_ms, remaining, reset_ms, rejected };
+        let policies = ctx.zones.iter().enumerate().map(|(j, z)| Policy {
             zone: &mcf.zones[z.zone].name,
-            limit: z.limit,
+            limit: limit_of(j, z),
             window_ms: z.window_ms,
         });
         if headers::format(lcf.headers(), &quota, policies, |name, value| {
@@ -518,13 +582,13 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         {
             return NGX_ERROR as ngx_int_t;
         }
-        // A rejection from memory repeats one already logged.
+        // A rejection from memory repeats one already logged; local ones are the outage's.
         if ctx.status == Status::Rejected {
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
                 "ratelimit: limiting requests by zone \"{name}\", limit {} per {}ms, retry in {}ms",
-                z.limit,
+                limit,
                 z.window_ms,
                 reset_ms
             );
@@ -566,5 +630,6 @@ unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static str, value: &[u8
 pub fn quota_figures<'a>(ctx: &Ctx, mcf: &'a MainConf) -> Option<(&'a str, u64, u64, u64)> {
     let (i, remaining, reset_ms) = ctx.quota?;
     let z = &ctx.zones[i];
-    Some((&mcf.zones[z.zone].name, z.limit, remaining, headers::ceil_secs(reset_ms)))
+    let limit = ctx.local_limits.get(i).copied().unwrap_or(z.limit);
+    Some((&mcf.zones[z.zone].name, limit, remaining, headers::ceil_secs(reset_ms)))
 }

@@ -7,6 +7,7 @@
 mod deny_cache;
 pub mod headers;
 pub mod key;
+mod local_limit;
 pub mod params;
 pub mod redis;
 pub mod script;

@@ -345,4 +345,85 @@ mod tests {
             }
         }
     }
+
+    /// Reading a stream in chunks, as `Conn::read` does, frames the same replies and stops the
+    /// same way (same error, or waiting for more) as decoding it in one piece, wherever the
+    /// chunks are cut. Inputs are pipelined replies of every type, mostly corrupted a little.
+    /// (`fuzz/` runs the same property under libFuzzer and for longer: `fuzz/run.sh`.)
+    #[test]
+    fn chunked_reads_agree_with_one_read() {
+        type Outcome = (Vec<(Reply, usize)>, Result<(), ProtocolError>);
+        fn read_in_chunks(data: &[u8], cuts: &[usize]) -> Outcome {
+            let (mut replies, mut inbuf, mut from) = (Vec::new(), Vec::new(), 0);
+            for &to in cuts.iter().chain([data.len()].iter()) {
+                inbuf.extend_from_slice(&data[from..to.max(from)]);
+                from = to.max(from);
+                loop {
+                    match decode(&inbuf) {
+                        Ok(Some((r, n))) => {
+                            assert!(n > 0 && n <= inbuf.len());
+                            replies.push((r, n));
+                            inbuf.drain(..n);
+                        }
+                        Ok(None) => break,
+                        Err(e) => return (replies, Err(e)),
+                    }
+                }
+            }
+            (replies, Ok(()))
+        }
+        let mut s: u64 = 0x2545f4914f6cdd1d;
+        let mut next = move |n: usize| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n.max(1) as u64) as usize
+        };
+        let pieces: [&[u8]; 16] = [
+            b"*4\r\n:1\r\n:1\r\n:9\r\n:1000\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b"+OK\r\n",
+            b":-42\r\n",
+            b"$3\r\na\r\n\r\n",
+            b"$0\r\n\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*2\r\n*1\r\n:1\r\n+x\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+            b"$1048577\r\n",
+            b"*65537\r\n",
+            b":9223372036854775808\r\n",
+            b"$2\r\nabc\r\n",
+            b"+a\rb\n",
+        ];
+        for _ in 0..3000 {
+            let mut data = Vec::new();
+            for _ in 0..1 + next(4) {
+                data.extend_from_slice(pieces[next(pieces.len())]);
+            }
+            for _ in 0..next(4) {
+                if data.is_empty() {
+                    break;
+                }
+                let i = next(data.len());
+                match next(3) {
+                    0 => data[i] = b"\r\n*$:+-01x"[next(10)],
+                    1 => drop(data.remove(i)),
+                    _ => data.truncate(i),
+                }
+            }
+            let want = read_in_chunks(&data, &[]);
+            if data.len() <= 48 {
+                for k in 0..=data.len() {
+                    assert_eq!(read_in_chunks(&data, &[k]), want, "{data:?} cut at {k}");
+                }
+                let every: Vec<usize> = (1..data.len()).collect();
+                assert_eq!(read_in_chunks(&data, &every), want, "{data:?} byte by byte");
+            }
+            let mut cuts: Vec<usize> = (0..next(6)).map(|_| next(data.len() + 1)).collect();
+            cuts.sort_unstable();
+            assert_eq!(read_in_chunks(&data, &cuts), want, "{data:?} cut at {cuts:?}");
+        }
+    }
 }
