@@ -98,7 +98,8 @@ sub build_conf {
     $c .= "pid logs/nginx.pid;\n";
     $c .= "error_log logs/error.log $level;\n";
     $c .= "$main\n";
-    $c .= "events {\n    worker_connections 1024;\n}\n\n";
+    my $events = $s{events} // 'worker_connections 1024;';
+    $c .= "events {\n    $events\n}\n\n";
     $c .= "http {\n";
     $c .= "    default_type text/plain;\n";
     $c .= "    access_log logs/access.log;\n";
