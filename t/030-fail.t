@@ -85,7 +85,7 @@ SET rl:api:a not-a-sorted-set
 GET rl:api:a => not-a-sorted-set
 ZCARD rl:api:b => 1
 --- error_log eval
-qr/\[error\] .*ratelimit: .*WRONGTYPE/
+qr/\[error\] .*ratelimit: redis replied WRONGTYPE: one of the keys "rl:api:a" holds other data, request passed by ratelimit_fail/
 
 
 
