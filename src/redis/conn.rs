@@ -198,48 +198,56 @@ impl Conn {
     unsafe fn read(this: NonNull<Conn>) {
         let conn = &mut *this.as_ptr();
         let c = conn.c();
-        let mut eof = false;
-        loop {
-            conn.inbuf.reserve(READ_CHUNK);
-            let len = conn.inbuf.len();
-            let spare = conn.inbuf.capacity() - len;
-            let dst = conn.inbuf.as_mut_ptr().add(len);
-            let n = ((*c).recv.expect("recv"))(c, dst, spare);
-            if n > 0 {
-                conn.inbuf.set_len(len + n as usize);
-            } else if n == 0 {
-                eof = true;
-                break;
-            } else if n == NGX_AGAIN as isize {
-                break;
-            } else {
-                return Conn::close(this, RedisError::Io, true);
-            }
-        }
-
         let pool = &mut *conn.pool;
-        let mut pos = 0;
         let mut progressed = false;
         let mut replace = false;
-        loop {
-            match resp::decode(&conn.inbuf[pos..]) {
-                Ok(Some((reply, used))) => {
-                    pos += used;
-                    let Some(slot) = conn.slots.pop_front() else {
-                        return Conn::close(this, RedisError::UnexpectedReply, true);
-                    };
-                    conn.head_seq += 1;
-                    progressed = true;
-                    replace |= pool.replied(&reply);
-                    if let Some(w) = slot {
-                        complete(w, Ok(reply));
-                    }
+        // Read in rounds of at most one reply's worth, decoding between them: the socket is
+        // edge-triggered, so it is read until EAGAIN, but never buffered without bound.
+        let eof = loop {
+            let mut drained = false;
+            let mut eof = false;
+            while conn.inbuf.len() <= resp::MAX_REPLY_LEN {
+                conn.inbuf.reserve(READ_CHUNK);
+                let len = conn.inbuf.len();
+                let spare = conn.inbuf.capacity() - len;
+                let dst = conn.inbuf.as_mut_ptr().add(len);
+                let n = ((*c).recv.expect("recv"))(c, dst, spare);
+                if n > 0 {
+                    conn.inbuf.set_len(len + n as usize);
+                } else if n == 0 {
+                    eof = true;
+                    break;
+                } else if n == NGX_AGAIN as isize {
+                    drained = true;
+                    break;
+                } else {
+                    return Conn::close(this, RedisError::Io, true);
                 }
-                Ok(None) => break,
-                Err(e) => return Conn::close(this, RedisError::Protocol(e), true),
             }
-        }
-        conn.inbuf.drain(..pos);
+            let mut pos = 0;
+            loop {
+                match resp::decode(&conn.inbuf[pos..]) {
+                    Ok(Some((reply, used))) => {
+                        pos += used;
+                        let Some(slot) = conn.slots.pop_front() else {
+                            return Conn::close(this, RedisError::UnexpectedReply, true);
+                        };
+                        conn.head_seq += 1;
+                        progressed = true;
+                        replace |= pool.replied(&reply);
+                        if let Some(w) = slot {
+                            complete(w, Ok(reply));
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Conn::close(this, RedisError::Protocol(e), true),
+                }
+            }
+            conn.inbuf.drain(..pos);
+            if eof || drained {
+                break eof;
+            }
+        };
         if eof {
             // Redis closing an idle connection (its `timeout`, a restart) is no outage.
             let busy = !conn.slots.is_empty();

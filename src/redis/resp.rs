@@ -46,12 +46,20 @@ impl fmt::Display for ProtocolError {
     }
 }
 
+/// The most bytes one reply may take: the largest bulk string and its framing, with room to
+/// spare. Each part of a reply is capped on its own, but an array of many capped parts is not,
+/// so without this a peer could make a worker buffer gigabytes of one endless reply.
+pub const MAX_REPLY_LEN: usize = 2 * MAX_BULK_LEN;
+
 /// Decodes one reply from the start of `buf`.
 ///
 /// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
 /// one complete reply.
 pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
-    decode_at(buf, 0, 0)
+    match decode_at(buf, 0, 0)? {
+        None if buf.len() > MAX_REPLY_LEN => Err(ProtocolError::TooLarge),
+        done => Ok(done),
+    }
 }
 
 fn decode_at(
@@ -425,5 +433,16 @@ mod tests {
             cuts.sort_unstable();
             assert_eq!(read_in_chunks(&data, &cuts), want, "{data:?} cut at {cuts:?}");
         }
+    }
+
+    #[test]
+    fn an_endless_array_is_too_large() {
+        let mut buf = b"*65536\r\n".to_vec();
+        let bulk = format!("${}\r\n{}\r\n", MAX_BULK_LEN, "x".repeat(MAX_BULK_LEN));
+        buf.extend_from_slice(bulk.as_bytes());
+        assert_eq!(decode(&buf), Ok(None), "one part of it is still fine");
+        buf.extend_from_slice(bulk.as_bytes());
+        buf.extend_from_slice(b"$5\r\n");
+        assert_eq!(decode(&buf), Err(ProtocolError::TooLarge));
     }
 }

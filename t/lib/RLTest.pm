@@ -367,4 +367,20 @@ sub check_response {
     }
 }
 
+# A fake Redis for protocol faults (t/lib/RLTest/FakeRedis.pm), started on a
+# free port with its event log under the servroot:
+# fake_redis(mode => 'garbage', name => 'g', split_delay => ..., close_after => ...).
+use RLTest::FakeRedis;
+push @EXPORT, 'fake_redis';
+my %fakes;
+sub fake_redis {
+    my (%o) = @_;
+    my $name = delete $o{name} // 'fake';
+    my $dir = setup() . "/$name";
+    $fakes{$name}->stop if $fakes{$name};
+    my $f = RLTest::FakeRedis->new(dir => $dir, %o);
+    $f->start;
+    return $fakes{$name} = $f;
+}
+
 1;

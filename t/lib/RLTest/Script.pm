@@ -12,8 +12,11 @@ package RLTest::Script;
 #
 #   my $d = decide(1000, ['rl:z:a', 'l', 10, 1000], ['rl:y:a', 'g', 10, 1000, 1, 5]);
 #   $d->{allowed}; $d->{zones}[0]{ok}, {remaining}, {reset}
-#   verdict($d)                       # "1 | 1 9 0 | 1 4 100": allowed | ok remaining reset ...
+#   verdict($d)                       # "1 | 1 9 1000 | 1 4 100": allowed | ok remaining reset ...
 #   decide_raw(\@keys, @argv)         # the reply as Redis gave it (array, or an Error object)
+#   steps($name, $t0, \@zones, [$dt, $expected], [$dt, {cost => 3}, $expected], ...)
+#                                     # a literal table: decision at $t0 + $dt must be $expected
+#   snapshot(@keys)                   # every key's type, value and whether it has a TTL, as one string
 #
 # A zone is [key, algorithm letter, limit, window_ms, cost (default 1),
 # burst (default 0)] or { key, alg, limit, window, cost, burst }.  $now_ms
@@ -25,10 +28,11 @@ use Exporter 'import';
 use File::Basename qw(dirname);
 use Cwd qw(abs_path);
 use Digest::SHA qw(sha1_hex);
+use Time::HiRes ();
 use RLTest ();
 
 our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw
-    verdict redis_error is_error);
+    verdict redis_error is_error steps snapshot);
 our %EXPORT_TAGS = (all => \@EXPORT_OK);
 
 my $repo = abs_path(dirname(__FILE__) . '/../../..');
@@ -125,11 +129,56 @@ sub decide {
 }
 
 # A decision as one line, for literal expectation tables:
-# "allowed | ok remaining reset | ..." or "ERR:<message>".
+# "allowed | ok remaining reset | ..." or "ERR:<message>" (or "RAW:<reply>" for
+# a decide_raw reply that is not an error).
 sub verdict {
     my ($d) = @_;
     return 'ERR:' . $d->message if is_error($d);
+    return 'RAW:' . RLTest::Redis::format_reply($d) if ref $d ne 'HASH';    # decide_raw's reply
     return join ' | ', $d->{allowed}, map { "$_->{ok} $_->{remaining} $_->{reset}" } @{ $d->{zones} };
+}
+
+# Runs a table of decisions against literal expectations.  A step is
+# [$dt, $expected] or [$dt, \%o, $expected] with %o: cost => N (every zone),
+# costs => [N, ...] (per zone), note => text for the test name.
+sub steps {
+    my ($name, $t0, $zones, @steps) = @_;
+    # Keys expire on Redis's real clock (PX is relative), whatever the injected one says; a
+    # table runs in a few ms, but a machine stalled for longer than a short TTL (GCRA 10/s:
+    # 100 ms) would lose a key.  Failures say how much real time had passed.
+    my $start = Time::HiRes::time();
+    for my $s (@steps) {
+        my ($dt, $o, $want) = @$s == 2 ? ($s->[0], {}, $s->[1]) : @$s;
+        my @z = map { zone_spec($_) } @$zones;
+        for my $i (0 .. $#z) {
+            $z[$i]{cost} = $o->{cost} if defined $o->{cost};
+            $z[$i]{cost} = $o->{costs}[$i] if $o->{costs};
+        }
+        my $costs = join ',', map { $_->{cost} } @z;
+        my $d = decide($t0 + $dt, @z);
+        Test::More::is(verdict($d), $want,
+            "$name: t=$dt cost=$costs" . ($o->{note} ? " ($o->{note})" : ''))
+            or Test::More::diag(sprintf '%.0f ms of real time since the table began',
+                1000 * (Time::HiRes::time() - $start));
+    }
+}
+
+# What the keys hold, for "nothing changed" checks: type, content, and whether
+# a TTL is set.  Sorted sets with scores, strings as they are.
+sub snapshot {
+    my @out;
+    for my $k (@_) {
+        my $type = RLTest::redis_cmd('TYPE', $k);
+        my $v = $type eq 'zset'   ? RLTest::redis_cmd('ZRANGE', $k, 0, -1, 'WITHSCORES')
+              : $type eq 'string' ? RLTest::redis_cmd('GET', $k)
+              : $type eq 'list'   ? RLTest::redis_cmd('LRANGE', $k, 0, -1)
+              : $type eq 'hash'   ? RLTest::redis_cmd('HGETALL', $k)
+              : undef;
+        my $ttl = RLTest::redis_cmd('PTTL', $k);
+        push @out, "$k=$type:" . RLTest::Redis::format_reply($v)
+            . ($ttl == -1 ? ':persist' : $ttl >= 0 ? ':ttl' : '');
+    }
+    return join ' ; ', @out;
 }
 
 1;

@@ -1,0 +1,588 @@
+#!/usr/bin/env python3
+"""Redis memory per limited key and per admitted request, for each algorithm.
+
+Starts its own redis-server (default configuration apart from no persistence) on a free
+127.0.0.1 port, loads the decision script exactly as src/script.rs assembles it (the
+include_str! files of SCRIPT, concatenated), and drives it with EVALSHA, pipelined, with an
+injected clock. Keys have the module's shape `rl:<zone>:<key>`, the key an IPv4 address.
+
+For each algorithm (sliding_log "l", sliding_counter "c", gcra "g") and for the article's
+own sliding-window script (string members `<now>-<32 hex>`, the reference point):
+
+  * N requests per key, N = 10, 100, 1000, 10000, over K keys with K*N = 100,000:
+    MEMORY USAGE (SAMPLES 0, averaged over sampled keys) and the INFO used_memory delta,
+    per key and per admitted request;
+  * at scale: 100k keys x 10 requests, 100k keys x 1 request, and 20k keys x 10 requests
+    (the issue's reference shape);
+  * zset-max-listpack-entries (default 128) raised above N, at N = 1000 and 10000: memory
+    and the script's cost per call (INFO commandstats usec_per_call).
+
+Writes bench/memory.md (a table and guidance) and prints it. Python 3 standard library only.
+
+Usage: bench/memory.py [--quick] [--out bench/memory.md] [--redis-server redis-server]
+"""
+
+import argparse
+import atexit
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The article's script (sliding-window-article.txt), verbatim apart from comments: the
+# reference point for memory.
+ARTICLE_SCRIPT = """
+local key    = KEYS[1]
+local limit  = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local now    = tonumber(ARGV[3])
+local member = ARGV[4]
+redis.call('ZREMRANGEBYSCORE', key, 0, now - window)
+local used = redis.call('ZCARD', key)
+if used < limit then
+  redis.call('ZADD', key, now, member)
+  redis.call('PEXPIRE', key, window)
+  return { 1, limit - used - 1, 0 }
+end
+local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+local retry_after = window
+if oldest[2] then
+  retry_after = (tonumber(oldest[2]) + window) - now
+end
+return { 0, 0, retry_after }
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The script, as the module sends it
+
+
+def script_parts(root=ROOT):
+    """The lua/ files of `SCRIPT` in src/script.rs, in concat! order."""
+    with open(os.path.join(root, "src", "script.rs"), encoding="utf-8") as f:
+        rs = f.read()
+    m = re.search(r"\bconst\s+SCRIPT\s*:\s*&(?:'static\s+)?str\s*=\s*concat!\s*\((.*?)\)\s*;", rs, re.S)
+    if not m:
+        raise SystemExit("no `const SCRIPT: &str = concat!(...);` in src/script.rs")
+    body = re.sub(r"//[^\n]*", "", m.group(1))
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    parts = re.findall(r'include_str!\s*\(\s*"([^"]+)"\s*\)', body)
+    rest = re.sub(r'include_str!\s*\(\s*"[^"]+"\s*\)\s*,?', "", body).strip()
+    if not parts or rest:
+        raise SystemExit("SCRIPT is not a list of include_str! entries: %r" % rest)
+    return [os.path.normpath(os.path.join("src", p)) for p in parts]
+
+
+def script_text(root=ROOT):
+    out = b""
+    for p in script_parts(root):
+        with open(os.path.join(root, p), "rb") as f:
+            out += f.read()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A redis-server of our own, and a pipelining RESP client
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class RedisServer:
+    def __init__(self, binary="redis-server", extra=()):
+        self.dir = tempfile.mkdtemp(prefix="rl-bench-redis.")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
+             "--logfile", os.path.join(self.dir, "redis.log"), *extra],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        atexit.register(self.stop)
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.client = Client(self.port)
+                self.client.cmd("PING")
+                break
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise SystemExit("redis-server did not start (log: %s)" % self.dir)
+                time.sleep(0.05)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self.dir and os.path.isdir(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+
+class RedisError(Exception):
+    pass
+
+
+def encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if not isinstance(a, bytes):
+            a = str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Client:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+        self.pos = 0
+
+    def _fill(self):
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise OSError("redis closed the connection")
+        if self.pos:
+            self.buf = self.buf[self.pos:]
+            self.pos = 0
+        self.buf += data
+
+    def _line(self):
+        while True:
+            i = self.buf.find(b"\r\n", self.pos)
+            if i >= 0:
+                line = self.buf[self.pos:i]
+                self.pos = i + 2
+                return line
+            self._fill()
+
+    def read(self):
+        line = self._line()
+        t, rest = line[:1], line[1:]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            return RedisError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) - self.pos < n + 2:
+                self._fill()
+            v = self.buf[self.pos:self.pos + n]
+            self.pos += n + 2
+            return v.decode()
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise OSError("bad RESP: %r" % line)
+
+    def cmd(self, *args):
+        self.sock.sendall(encode(args))
+        r = self.read()
+        if isinstance(r, RedisError):
+            raise r
+        return r
+
+    def pipeline(self, commands, batch=2000):
+        """Sends encoded commands in batches; returns all replies in order."""
+        replies = []
+        for i in range(0, len(commands), batch):
+            chunk = commands[i:i + batch]
+            self.sock.sendall(b"".join(chunk))
+            replies.extend(self.read() for _ in chunk)
+        return replies
+
+    def info(self, section):
+        out = {}
+        for line in self.cmd("INFO", section).splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k] = v
+        return out
+
+
+def used_memory(c):
+    return int(c.info("memory")["used_memory"])
+
+
+def evalsha_usec(c):
+    """usec_per_call of EVALSHA since the last CONFIG RESETSTAT."""
+    st = c.info("commandstats").get("cmdstat_evalsha", "")
+    m = re.search(r"usec_per_call=([0-9.]+)", st)
+    return float(m.group(1)) if m else float("nan")
+
+
+def install_signal_cleanup():
+    def handler(signum, frame):
+        sys.exit(128 + signum)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, handler)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurements
+
+WINDOW = 3_600_000                     # 1 h: nothing expires while a scenario runs
+W0 = (1_700_000_000_000 // WINDOW + 1) * WINDOW   # a window start near 2023-11
+ZONE = "api"
+
+
+def ip_key(i):
+    return "rl:%s:10.%d.%d.%d" % (ZONE, (i >> 16) & 255, (i >> 8) & 255, i & 255)
+
+
+class Driver:
+    def __init__(self, client, port, sha, article_sha, seed=1):
+        self.c = client
+        self.port = port
+        self.sha = sha
+        self.article_sha = article_sha
+        self.rng = random.Random(seed)
+
+    def command(self, alg, key, now, n):
+        """The EVALSHA of one admitted request on a key that will take n requests."""
+        if alg == "floor":
+            # Not a limiter: the least a key with a TTL costs in Redis (a 1-byte integer value).
+            return encode(["SET", key, "1", "PX", WINDOW])
+        if alg == "article":
+            member = "%d-%032x" % (now, self.rng.getrandbits(128))
+            return encode(["EVALSHA", self.article_sha, 1, key, n, WINDOW, now, member])
+        if alg == "l":
+            return encode(["EVALSHA", self.sha, 1, key, now, "l", n, WINDOW, 1, 0])
+        if alg == "c":
+            return encode(["EVALSHA", self.sha, 1, key, now, "c", n, WINDOW, 1, 0])
+        if alg == "g":
+            # limit 7n per window: a fractional spacing, so the TAT is stored with its
+            # decimals as it usually is; burst n + 1 admits all n (burst 1 with a fractional
+            # spacing trips the script's float comparison at epoch times: t/202).
+            return encode(["EVALSHA", self.sha, 1, key, now, "g", 7 * n, WINDOW, 1, n + 1])
+        raise ValueError(alg)
+
+    def fill(self, alg, keys, n):
+        """n admitted requests on each of `keys` keys, 100 ms apart (all in one window), over
+        a connection of its own: closed afterwards, so that its query and reply buffers are
+        not counted in used_memory."""
+        admitted = 0
+        fc = Client(self.port)
+        for r in range(n):
+            now = W0 + 100 * r
+            cmds = [self.command(alg, ip_key(k), now, n) for k in range(keys)]
+            for rep in fc.pipeline(cmds):
+                if isinstance(rep, RedisError):
+                    raise SystemExit("script error: %s" % rep)
+                admitted += 1 if rep == "OK" else rep[0]
+        fc.sock.close()
+        # Wait until Redis has freed the closed client.
+        for _ in range(100):
+            if int(self.c.info("clients")["connected_clients"]) == 1:
+                break
+            time.sleep(0.01)
+        if admitted != keys * n:
+            raise SystemExit("%s: %d of %d requests admitted" % (alg, admitted, keys * n))
+
+    def measure(self, alg, keys, n, sample=200):
+        c = self.c
+        c.cmd("FLUSHALL", "SYNC")
+        c.cmd("CONFIG", "RESETSTAT")
+        before = used_memory(c)
+        t = time.time()
+        self.fill(alg, keys, n)
+        elapsed = time.time() - t
+        usec = evalsha_usec(c)
+        after = used_memory(c)
+        dbsize = c.cmd("DBSIZE")
+        if dbsize != keys:
+            raise SystemExit("%s: %d keys, expected %d" % (alg, dbsize, keys))
+        idx = sorted(self.rng.sample(range(keys), min(sample, keys)))
+        usage = c.pipeline([encode(["MEMORY", "USAGE", ip_key(i), "SAMPLES", "0"]) for i in idx])
+        enc = c.cmd("OBJECT", "ENCODING", ip_key(idx[0]))
+        k0 = ip_key(idx[0])
+        if alg in ("l", "article"):
+            card = c.cmd("ZCARD", k0)
+            if card != n:
+                raise SystemExit("%s: ZCARD %d, expected %d" % (alg, card, n))
+            value = c.cmd("ZRANGE", k0, 0, 0)[0]
+        else:
+            value = c.cmd("GET", k0)
+        mu = sum(usage) / len(usage)
+        delta = after - before
+        return {
+            "alg": alg, "keys": keys, "n": n, "encoding": enc, "value": value,
+            "mu_key": mu, "mu_req": mu / n,
+            "delta_key": delta / keys, "delta_req": delta / (keys * n),
+            "usec": usec, "rate": keys * n / elapsed if elapsed > 0 else 0,
+        }
+
+
+def git_rev():
+    try:
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "lua", "src/script.rs"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (rev or "?") + (" (lua/ or src/script.rs modified)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def reflow(md, width=96):
+    """Rewraps paragraphs and bullet items of generated markdown; tables, headings and
+    indented blocks stay as they are."""
+    import textwrap
+    out = []
+    for block in md.split("\n\n"):
+        lines = block.split("\n")
+        if any(l.lstrip().startswith(("|", "#")) for l in lines):
+            out.append(block)
+            continue
+        items, cur = [], []
+        for l in lines:
+            if l.startswith("- ") and cur:
+                items.append(cur)
+                cur = []
+            cur.append(l.strip())
+        if cur:
+            items.append(cur)
+        wrapped = []
+        for it in items:
+            text = " ".join(it)
+            bullet = text.startswith("- ")
+            wrapped.append(textwrap.fill(text, width, subsequent_indent="  " if bullet else "",
+                                         break_on_hyphens=False, break_long_words=False))
+        out.append("\n".join(wrapped))
+    return "\n\n".join(out)
+
+
+ALG_NAMES = {"l": "sliding_log", "c": "sliding_counter", "g": "gcra", "article": "article log",
+             "floor": "(floor: `SET k 1 PX`)"}
+
+
+def fmt_row(r):
+    return "| %s | %s | %s | %s | %.0f | %.1f | %.0f | %.1f | %.1f | `%s` |" % (
+        ALG_NAMES[r["alg"]], "{:,}".format(r["keys"]), "{:,}".format(r["n"]), r["encoding"],
+        r["mu_key"], r["mu_req"], r["delta_key"], r["delta_req"], r["usec"], r["value"])
+
+
+HEADER = ("| algorithm | keys | requests/key | encoding | MEMORY USAGE /key | /request "
+          "| used_memory Δ /key | /request | µs/call | sample member or value |\n"
+          "|---|---:|---:|---|---:|---:|---:|---:|---:|---|")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="10x fewer keys (a smoke run)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "memory.md"))
+    ap.add_argument("--redis-server", default="redis-server")
+    a = ap.parse_args()
+    install_signal_cleanup()
+    div = 10 if a.quick else 1
+
+    server = RedisServer(a.redis_server)
+    c = server.client
+    # Per-command latency histograms (Redis 7) are allocated on a command's first call and
+    # freed by CONFIG RESETSTAT: tens of kB that would land in the used_memory deltas.
+    c.cmd("CONFIG", "SET", "latency-tracking", "no")
+    version = c.info("server")["redis_version"]
+    lp_entries = c.cmd("CONFIG", "GET", "zset-max-listpack-entries")[1]
+    lp_value = c.cmd("CONFIG", "GET", "zset-max-listpack-value")[1]
+    sha = c.cmd("SCRIPT", "LOAD", script_text())
+    article_sha = c.cmd("SCRIPT", "LOAD", ARTICLE_SCRIPT)
+    d = Driver(c, server.port, sha, article_sha)
+    algs = ["l", "c", "g", "article"]
+
+    per_key = []
+    for n in (10, 100, 1000, 10000):
+        keys = max(1, 100_000 // n // div)
+        for alg in algs:
+            r = d.measure(alg, keys, n)
+            per_key.append(r)
+            print(fmt_row(r), flush=True)
+
+    scale = []
+    for keys, n in ((100_000 // div, 1), (100_000 // div, 10), (20_000 // div, 10)):
+        for alg in algs + (["floor"] if n == 1 else []):
+            r = d.measure(alg, keys, n, sample=1000)
+            scale.append(r)
+            print(fmt_row(r), flush=True)
+
+    lp = []
+    for entries in (128, 1024, 16384):
+        c.cmd("CONFIG", "SET", "zset-max-listpack-entries", entries)
+        for n in (1000, 10000):
+            keys = max(1, 100_000 // n // div)
+            for alg in ("l", "article"):
+                r = d.measure(alg, keys, n)
+                r["lp"] = entries
+                lp.append(r)
+                print(entries, fmt_row(r), flush=True)
+    c.cmd("CONFIG", "SET", "zset-max-listpack-entries", lp_entries)
+
+    # What a value's length does to a string key: MEMORY USAGE of `rl:api:10.0.0.1` holding
+    # values of the shapes the counter and gcra store (and integer alternatives).
+    probes = []
+    for v, what in (("472223:10:0", "counter, 1 h window"), ("28333380:57:60", "counter, 60 s window"),
+                    ("28333380:5:6", "counter, 60 s window, small counts"),
+                    ("1700003314285.7153", "gcra TAT as %.17g"),
+                    ("1700003314285715", "an integer TAT (µs)")):
+        c.cmd("FLUSHALL", "SYNC")
+        c.cmd("SET", "rl:api:10.0.0.1", v, "PX", WINDOW)
+        probes.append((v, what, c.cmd("OBJECT", "ENCODING", "rl:api:10.0.0.1"),
+                       c.cmd("MEMORY", "USAGE", "rl:api:10.0.0.1", "SAMPLES", "0")))
+    server.stop()
+
+    def find(rows, alg, keys, n):
+        for r in rows:
+            if r["alg"] == alg and r["keys"] == keys and r["n"] == n:
+                return r
+        return None
+
+    big = 100_000 // div
+    log10 = find(scale, "l", big, 10)
+    art10 = find(scale, "article", 20_000 // div, 10)
+    art_small = find(per_key, "article", 100_000 // 10 // div, 10)
+    floor = find(scale, "floor", big, 1)
+    ctr = [r for r in per_key + scale if r["alg"] == "c"]
+    gcra = [r for r in per_key + scale if r["alg"] == "g"]
+    probe_rows = "\n".join("  | `%s` | %s | %s | %d |" % p for p in probes)
+    lp_rows = "\n".join(
+        "| %d | %s | %s | %s | %.1f | %.1f | %.1f |" % (
+            r["lp"], ALG_NAMES[r["alg"]], "{:,}".format(r["n"]), r["encoding"],
+            r["mu_req"], r["delta_req"], r["usec"]) for r in lp)
+
+    md = f"""# Redis memory per limited key (`bench/memory.py`)
+
+Redis {version} (jemalloc), default configuration (`zset-max-listpack-entries {lp_entries}`,
+`zset-max-listpack-value {lp_value}`), started by the benchmark on a free port with no
+persistence (and `latency-tracking no`, so that per-command latency histograms do not blur
+the used_memory deltas). Each request is one `EVALSHA` of the decision script exactly as `src/script.rs`
+assembles it (`{", ".join(os.path.basename(p) for p in script_parts())}`), pipelined, with an
+injected clock: the requests of a key are 100 ms apart inside one 1 h window, every one
+admitted (sliding_log and sliding_counter: limit = requests per key; gcra: limit 7 × that
+per window, so that the stored TAT has decimals as it usually does, burst = requests per
+key). Keys are `rl:api:10.x.y.z`. The article's script (`ZADD key now "<now>-<32 hex>"`) is
+the reference point. {"**Quick run: 10× fewer keys.**" if div > 1 else ""}
+
+Run: {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, commit {git_rev()}, {os.cpu_count()} CPUs shared with
+whatever else runs on the machine (µs/call is indicative only).
+
+- **MEMORY USAGE**: `MEMORY USAGE key SAMPLES 0`, averaged over up to 200 (at scale 1,000)
+  sampled keys: the value, the key name and its dictionary entry.
+- **used_memory Δ**: `INFO memory` `used_memory` after minus before, divided by keys or by
+  admitted requests: also the expiry entry and the hash tables' buckets, i.e. what a
+  production Redis really pays.
+- **µs/call**: `INFO commandstats` `usec_per_call` of `EVALSHA` (Redis-side script time).
+
+## N requests per key (K keys, K × N = {100_000 // div:,})
+
+{HEADER}
+{chr(10).join(fmt_row(r) for r in per_key)}
+
+## At scale
+
+{HEADER}
+{chr(10).join(fmt_row(r) for r in scale)}
+
+## Summary
+
+- **sliding_log at scale** ({big:,} keys × 10 entries): **{log10["delta_req"]:.1f} bytes per
+  entry** by used_memory Δ ({log10["mu_req"]:.1f} by MEMORY USAGE). Goal ≤ 50:
+  **{"met" if log10["delta_req"] <= 50 else "NOT met"}**. Members (the clock in µs, or ms × 1000 plus a count) and scores (ms) are
+  integers, which a listpack stores as integers: about 20 bytes per entry, plus the key's fixed
+  cost spread over its entries.
+- **The article's members** (`<now>-<32 hex>`, 46 bytes): {art10["delta_req"]:.1f} bytes per
+  entry at {art10["keys"]:,} keys × 10 (the issue measured 79.5) and
+  {art_small["mu_req"]:.1f} in a key of {art_small["n"]} entries by MEMORY USAGE (the issue:
+  72.8). At {big:,} keys × 10 our log takes
+  {log10["delta_req"] / find(scale, "article", big, 10)["delta_req"] * 100:.0f}% of the
+  article's memory.
+- **sliding_counter**: {min(r["mu_key"] for r in ctr):.0f}–{max(r["mu_key"] for r in ctr):.0f}
+  bytes per key by MEMORY USAGE, {min(r["delta_key"] for r in ctr if r["keys"] >= 1000):.0f}–{max(r["delta_key"] for r in ctr if r["keys"] >= 1000):.0f}
+  by used_memory Δ (rows with ≥ 1,000 keys), whatever the limit.
+- **gcra**: {min(r["mu_key"] for r in gcra):.0f}–{max(r["mu_key"] for r in gcra):.0f}
+  bytes per key by MEMORY USAGE, {min(r["delta_key"] for r in gcra if r["keys"] >= 1000):.0f}–{max(r["delta_key"] for r in gcra if r["keys"] >= 1000):.0f}
+  by used_memory Δ, whatever the limit. Its value is the TAT as `%.17g` text (18 bytes with
+  decimals), one allocation size class above the counter's.
+- **Value length matters** for the string keys: up to 12 bytes a value shares one 32-byte
+  allocation with its object header, 13–28 bytes take 48, and an integer is stored in the
+  object itself. MEMORY USAGE of `rl:api:10.0.0.1` holding:
+
+  | value | shape | encoding | MEMORY USAGE |
+  |---|---|---|---:|
+{probe_rows}
+
+- **Goal "< 100 bytes per key"** (counter, gcra): by MEMORY USAGE
+  **{"met" if max(r["mu_key"] for r in ctr + gcra) < 100 else "NOT met"}**
+  (max {max(r["mu_key"] for r in ctr + gcra):.0f}); by used_memory Δ
+  **{"met" if max(r["delta_key"] for r in ctr + gcra if r["keys"] >= 1000) < 100 else "NOT met"}**,
+  and not reachable with one Redis key per limited key: Redis's own floor for a key with a TTL
+  (`SET rl:api:10.x.y.z 1 PX …`, row "floor") is already {floor["delta_key"]:.0f} bytes by
+  used_memory Δ ({floor["mu_key"]:.0f} by MEMORY USAGE): the key's dict entry and name, the
+  value object, the expiry entry and both hash tables' buckets. The counter adds
+  {find(scale, "c", big, 1)["delta_key"] - floor["delta_key"]:.0f} bytes to that floor and gcra
+  {find(scale, "g", big, 1)["delta_key"] - floor["delta_key"]:.0f}.
+  (used_memory Δ rows with few keys, N ≥ 1,000, are within a few kB of noise per key.)
+
+## `zset-max-listpack-entries` at 1,000+ entries per key
+
+Past {lp_entries} entries (or a member longer than {lp_value} bytes) a sorted set is
+converted to a skiplist plus a hash table: every entry becomes an sds string, a skiplist node
+and a dict entry. Raising the limit above the entries per key keeps the compact listpack, at
+the price of O(N) work per insert and per prune (one memmove of the listpack), which shows
+in the script's time per call:
+
+| zset-max-listpack-entries | algorithm | requests/key | encoding | MEMORY USAGE /request | used_memory Δ /request | µs/call |
+|---:|---|---:|---|---:|---:|---:|
+{lp_rows}
+
+## Guidance
+
+- **sliding_log**: exact; memory grows with the admitted requests in the window. Up to 128
+  entries per key (the default listpack limit) an entry costs ~20 bytes plus ~{find(scale, "l", big, 1)["delta_key"]:.0f}
+  bytes per key: {log10["delta_req"]:.0f} bytes per entry at 10 per key, ~{find(per_key, "l", 100_000 // 100 // div, 100)["delta_req"]:.0f}
+  at 100 per key, less than half the article's format. Past 128 entries the sorted set becomes
+  a skiplist and each entry costs ~{find(per_key, "l", 100_000 // 1000 // div, 1000)["delta_req"]:.0f}–{find(per_key, "l", 100_000 // 10000 // div, 10000)["delta_req"]:.0f}
+  bytes ({find(per_key, "l", 100_000 // 1000 // div, 1000)["mu_key"] / 1e3:.0f} kB per saturated key at limit 1,000,
+  {find(per_key, "l", 100_000 // 10000 // div, 10000)["mu_key"] / 1e6:.1f} MB at 10,000). Use it
+  for limits up to ~100 per window, or when exactness and an audit trail of admitted
+  requests are worth the memory; avoid it for limits in the thousands over many keys.
+- **sliding_counter** and **gcra**: one small string per key whatever the limit,
+  ~{find(scale, "c", big, 10)["delta_key"]:.0f}–{find(scale, "g", big, 10)["delta_key"]:.0f} bytes per key in
+  production terms (a million keys ≈ {find(scale, "g", big, 10)["delta_key"] * 1e6 / 2**20:.0f} MiB): the
+  choice for large limits or many keys. gcra is exact for a rate with a burst; the counter
+  approximates a rolling window (bench/accuracy.md: how far it can be off).
+- **zset-max-listpack-entries** raised above the limit keeps the log at ~20 bytes per entry
+  even at 1,000–10,000 entries per key, but each decision then costs time proportional to
+  the entries (µs/call above) and the setting is server-wide (all sorted sets). Prefer the
+  counter or gcra for such limits; raise it only for a dedicated Redis and limits of a few
+  hundred.
+"""
+    md = reflow(md)
+    with open(a.out, "w", encoding="utf-8") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

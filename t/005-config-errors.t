@@ -1,0 +1,243 @@
+# Bad configurations, one row each: `nginx -t` must fail, at [emerg], with a
+# message that names the directive, the bad value and the place
+# (nginx.conf:<line> of the offending line), so that a user can fix the
+# line without reading the source.  (t/000-config.t has the first such
+# checks; this table covers every directive's wrong forms.)
+#
+# A row is [what it checks, http{} lines, server{} lines, directive, value,
+# never]:
+# - `directive`: the directive name the message must contain;
+# - `value`: a regex the message must match: the bad value as written (or,
+#   for a missing or repeated parameter, the words that say so);
+# - `never` (optional): a regex the output must not match (a secret);
+# - the offending line is the one marked with `#<-` in the snippet (the
+#   marker is a comment, nginx ignores it); the message must name
+#   nginx.conf:<that line>.
+#
+# Rows by directive:
+#   ratelimit_redis   bad port, port not a number, empty unix path; unknown
+#                     parameter; parameter without "="; pool_size=0/abc/5000;
+#                     timeout=abc/0/-1s; connect_timeout=0; keepalive_timeout=abc;
+#                     fail_threshold=0; fail_backoff=abc; empty password= or
+#                     user= (and the other secret is not echoed); user=
+#                     without password=; twice; in server{}; no argument
+#   ratelimit_zone    bad name (a/b, 65 characters); same name twice; unknown
+#                     parameter; parameter without "="; no key/limit/window;
+#                     limit=0/-1/abc/1000000001/10r/s; window=0/abc/2y/-1s;
+#                     clock=foo; algorithm=foo; burst=0/abc; burst= on a
+#                     sliding_log (default) and a sliding_counter zone; in
+#                     server{}
+#   ratelimit         unknown zone (server and location); without
+#                     ratelimit_redis; cost=abc/-1/1.5; foo=1; off with a
+#                     parameter; the same zone twice at one level; off then a
+#                     zone, a zone then off, at one level; three arguments
+#   ratelimit_fail    foo; twice
+#   ratelimit_fail_local_share 0, abc
+#   ratelimit_status  200, 600, abc; twice
+#   ratelimit_headers foo
+#   ratelimit_log_level foo (and debug, which nginx has but the module does
+#                     not offer)
+#   ratelimit_deny_cache foo
+#
+# At the end a table (diag) of row -> nginx's message, for the README.
+use lib 't/lib';
+use RLTest;
+
+my $R = 'ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;';
+my $Z = 'ratelimit_zone api key=$arg_k limit=2 window=10s;';
+my $G = 'ratelimit_zone g key=$arg_k limit=2 window=10s algorithm=gcra;';
+sub zone { "$R\nratelimit_zone api key=\$arg_k $_[0]; #<-" }
+
+my @rows = (
+    # --- ratelimit_redis
+    ['ratelimit_redis: port out of range', "ratelimit_redis 127.0.0.1:99999; #<-\n$Z", '',
+        'ratelimit_redis', qr/99999/],
+    ['ratelimit_redis: port not a number', "ratelimit_redis 127.0.0.1:abc; #<-\n$Z", '',
+        'ratelimit_redis', qr/127\.0\.0\.1:abc/],
+    ['ratelimit_redis: empty unix path', "ratelimit_redis unix:; #<-\n$Z", '',
+        'ratelimit_redis', qr/"unix:"/],
+    ['ratelimit_redis: unknown parameter',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT foo=1; #<-\n$Z", '',
+        'ratelimit_redis', qr/"foo=1"/],
+    ['ratelimit_redis: parameter without =',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size; #<-\n$Z", '',
+        'ratelimit_redis', qr/"pool_size"/],
+    ['ratelimit_redis: pool_size=0',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size=0; #<-\n$Z", '',
+        'ratelimit_redis', qr/"pool_size=0"/],
+    ['ratelimit_redis: pool_size=abc',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size=abc; #<-\n$Z", '',
+        'ratelimit_redis', qr/"pool_size=abc"/],
+    ['ratelimit_redis: pool_size=5000 (max 4096)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size=5000; #<-\n$Z", '',
+        'ratelimit_redis', qr/"pool_size=5000"/],
+    ['ratelimit_redis: timeout=abc',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=abc; #<-\n$Z", '',
+        'ratelimit_redis', qr/"timeout=abc"/],
+    ['ratelimit_redis: timeout=0',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=0; #<-\n$Z", '',
+        'ratelimit_redis', qr/"timeout=0"/],
+    ['ratelimit_redis: timeout=-1s',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=-1s; #<-\n$Z", '',
+        'ratelimit_redis', qr/"timeout=-1s"/],
+    ['ratelimit_redis: connect_timeout=0',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT connect_timeout=0; #<-\n$Z", '',
+        'ratelimit_redis', qr/"connect_timeout=0"/],
+    ['ratelimit_redis: keepalive_timeout=abc',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT keepalive_timeout=abc; #<-\n$Z", '',
+        'ratelimit_redis', qr/"keepalive_timeout=abc"/],
+    ['ratelimit_redis: fail_threshold=0',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT fail_threshold=0; #<-\n$Z", '',
+        'ratelimit_redis', qr/"fail_threshold=0"/],
+    ['ratelimit_redis: fail_backoff=abc',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT fail_backoff=abc; #<-\n$Z", '',
+        'ratelimit_redis', qr/"fail_backoff=abc"/],
+    ['ratelimit_redis: empty password= (the secret is never echoed)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT user=s3cr3tuser password=; #<-\n$Z", '',
+        'ratelimit_redis', qr/"password"/, qr/s3cr3t/],
+    ['ratelimit_redis: empty user= (the password is never echoed)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT password=s3cr3t user=; #<-\n$Z", '',
+        'ratelimit_redis', qr/"user"/, qr/s3cr3t/],
+    ['ratelimit_redis: user= without password=',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT user=bob; #<-\n$Z", '',
+        'ratelimit_redis', qr/user=.*password=/],
+    ['ratelimit_redis: twice', "$R\nratelimit_redis 127.0.0.1:6380; #<-\n$Z", '',
+        'ratelimit_redis', qr/is duplicate/],
+    ['ratelimit_redis: in server{}', $Z, "ratelimit_redis 127.0.0.1:6380; #<-",
+        'ratelimit_redis', qr/not allowed here/],
+    ['ratelimit_redis: no argument', "ratelimit_redis; #<-\n$Z", '',
+        'ratelimit_redis', qr/invalid number of arguments/],
+
+    # --- ratelimit_zone
+    ['ratelimit_zone: bad name', "$R\nratelimit_zone a/b key=\$arg_k limit=2 window=10s; #<-", '',
+        'ratelimit_zone', qr/"a\/b"/],
+    ['ratelimit_zone: name of 65 characters',
+        "$R\nratelimit_zone " . ('n' x 65) . " key=\$arg_k limit=2 window=10s; #<-", '',
+        'ratelimit_zone', qr/"n{65}"/],
+    ['ratelimit_zone: same name twice',
+        "$R\n$Z\nratelimit_zone api key=\$arg_x limit=5 window=1m; #<-", '',
+        'ratelimit_zone', qr/duplicate zone "api"/],
+    ['ratelimit_zone: unknown parameter', zone('limit=2 window=10s foo=1'), '',
+        'ratelimit_zone', qr/"foo=1"/],
+    ['ratelimit_zone: parameter without =', zone('limit=2 window=10s gcra'), '',
+        'ratelimit_zone', qr/"gcra"/],
+    ['ratelimit_zone: no key', "$R\nratelimit_zone api limit=2 window=10s; #<-", '',
+        'ratelimit_zone', qr/"api".*key=/],
+    ['ratelimit_zone: no limit', zone('window=10s'), '',
+        'ratelimit_zone', qr/"api".*limit=/],
+    ['ratelimit_zone: no window', zone('limit=2'), '',
+        'ratelimit_zone', qr/"api".*window=/],
+    ['ratelimit_zone: limit=0', zone('limit=0 window=10s'), '',
+        'ratelimit_zone', qr/"limit=0"/],
+    ['ratelimit_zone: limit=-1', zone('limit=-1 window=10s'), '',
+        'ratelimit_zone', qr/"limit=-1"/],
+    ['ratelimit_zone: limit=abc', zone('limit=abc window=10s'), '',
+        'ratelimit_zone', qr/"limit=abc"/],
+    ['ratelimit_zone: limit=1000000001 (max 10^9)', zone('limit=1000000001 window=10s'), '',
+        'ratelimit_zone', qr/"limit=1000000001"/],
+    ['ratelimit_zone: limit=10r/s (limit_req syntax)', zone('limit=10r/s window=10s'), '',
+        'ratelimit_zone', qr{"limit=10r/s"}],
+    ['ratelimit_zone: window=0', zone('limit=2 window=0'), '',
+        'ratelimit_zone', qr/"window=0"/],
+    ['ratelimit_zone: window=abc', zone('limit=2 window=abc'), '',
+        'ratelimit_zone', qr/"window=abc"/],
+    ['ratelimit_zone: window=2y (max 1y)', zone('limit=2 window=2y'), '',
+        'ratelimit_zone', qr/"window=2y"/],
+    ['ratelimit_zone: window=-1s', zone('limit=2 window=-1s'), '',
+        'ratelimit_zone', qr/"window=-1s"/],
+    ['ratelimit_zone: clock=foo', zone('limit=2 window=10s clock=foo'), '',
+        'ratelimit_zone', qr/"clock=foo"/],
+    ['ratelimit_zone: algorithm=foo', zone('limit=2 window=10s algorithm=foo'), '',
+        'ratelimit_zone', qr/"algorithm=foo"/],
+    ['ratelimit_zone: burst=0', zone('limit=2 window=10s algorithm=gcra burst=0'), '',
+        'ratelimit_zone', qr/"burst=0"/],
+    ['ratelimit_zone: burst=abc', zone('limit=2 window=10s algorithm=gcra burst=abc'), '',
+        'ratelimit_zone', qr/"burst=abc"/],
+    ['ratelimit_zone: burst= without algorithm (sliding_log)', zone('limit=2 window=10s burst=5'), '',
+        'ratelimit_zone', qr/burst=/],
+    ['ratelimit_zone: burst= on sliding_counter',
+        zone('limit=2 window=10s algorithm=sliding_counter burst=5'), '',
+        'ratelimit_zone', qr/burst=/],
+    ['ratelimit_zone: in server{}', "$R\n$Z", "ratelimit_zone o key=\$arg_k limit=2 window=10s; #<-",
+        'ratelimit_zone', qr/not allowed here/],
+
+    # --- ratelimit
+    ['ratelimit: unknown zone (server)', "$R\n$Z", "ratelimit nope; #<-",
+        'ratelimit', qr/"nope"/],
+    ['ratelimit: unknown zone (location)', "$R\n$Z", "location /t {\n ratelimit nope; #<-\n}",
+        'ratelimit', qr/"nope"/],
+    ['ratelimit: without ratelimit_redis', $Z, "location /t {\n ratelimit api; #<-\n}",
+        'ratelimit_redis', qr/"api"/],
+    ['ratelimit: cost=abc', "$R\n$Z", "ratelimit api cost=abc; #<-",
+        'ratelimit', qr/"cost=abc"/],
+    ['ratelimit: cost=-1', "$R\n$Z", "ratelimit api cost=-1; #<-",
+        'ratelimit', qr/"cost=-1"/],
+    ['ratelimit: cost=1.5', "$R\n$Z", "ratelimit api cost=1.5; #<-",
+        'ratelimit', qr/"cost=1\.5"/],
+    ['ratelimit: unknown parameter', "$R\n$Z", "ratelimit api foo=1; #<-",
+        'ratelimit', qr/"foo=1"/],
+    ['ratelimit: off with a parameter', "$R\n$Z", "ratelimit off cost=1; #<-",
+        'ratelimit', qr/"cost=1"/],
+    ['ratelimit: same zone twice at one level', "$R\n$Z", "ratelimit api;\nratelimit api; #<-",
+        'ratelimit', qr/is duplicate/],
+    ['ratelimit: off, then a zone, at one level', "$R\n$Z", "ratelimit off;\nratelimit api; #<-",
+        'ratelimit', qr/is duplicate/],
+    ['ratelimit: a zone, then off, at one level', "$R\n$Z", "ratelimit api;\nratelimit off; #<-",
+        'ratelimit', qr/is duplicate/],
+    ['ratelimit: three arguments', "$R\n$Z", "ratelimit api cost=1 x; #<-",
+        'ratelimit', qr/invalid number of arguments/],
+
+    # --- the location-level keyword and number directives
+    ['ratelimit_fail foo', "$R\n$Z", "ratelimit_fail foo; #<-",
+        'ratelimit_fail', qr/"foo"/],
+    ['ratelimit_fail_local_share 0', "$R\n$Z", "ratelimit_fail_local_share 0; #<-",
+        'ratelimit_fail_local_share', qr/"0"/],
+    ['ratelimit_fail_local_share abc', "$R\n$Z", "ratelimit_fail_local_share abc; #<-",
+        'ratelimit_fail_local_share', qr/"abc"/],
+    ['ratelimit_fail twice', "$R\n$Z", "ratelimit_fail open;\nratelimit_fail closed; #<-",
+        'ratelimit_fail', qr/is duplicate/],
+    ['ratelimit_status 200', "$R\n$Z", "ratelimit_status 200; #<-",
+        'ratelimit_status', qr/"200"/],
+    ['ratelimit_status 600', "$R\n$Z", "ratelimit_status 600; #<-",
+        'ratelimit_status', qr/"600"/],
+    ['ratelimit_status abc', "$R\n$Z", "ratelimit_status abc; #<-",
+        'ratelimit_status', qr/"abc"/],
+    ['ratelimit_status twice', "$R\n$Z", "ratelimit_status 429;\nratelimit_status 503; #<-",
+        'ratelimit_status', qr/is duplicate/],
+    ['ratelimit_headers foo', "$R\n$Z", "ratelimit_headers foo; #<-",
+        'ratelimit_headers', qr/"foo"/],
+    ['ratelimit_log_level foo', "$R\n$Z", "ratelimit_log_level foo; #<-",
+        'ratelimit_log_level', qr/"foo"/],
+    ['ratelimit_log_level debug', "$R\n$Z", "ratelimit_log_level debug; #<-",
+        'ratelimit_log_level', qr/"debug"/],
+    ['ratelimit_deny_cache foo', "$R\n$Z", "ratelimit_deny_cache foo; #<-",
+        'ratelimit_deny_cache', qr/"foo"/],
+);
+
+my @table;
+for my $row (@rows) {
+    my ($title, $http, $server, $directive, $value, $never) = @$row;
+    my $indent = sub { join "\n", map { "    $_" } split /\n/, $_[0] };
+    my ($rc, $out, $n) = nginx_t(http_config => $indent->($http),
+        config => $indent->($indent->($server)));
+    my $line = $n->line_of('#<-');
+    my ($msg) = $out =~ /^.*\[emerg\] (.*)$/m;
+    $msg //= '(no [emerg] line) ' . ($out =~ s/\s+/ /gr);
+    my @fails;
+    push @fails, 'nginx -t succeeded' if $rc == 0;
+    push @fails, 'no [emerg]' unless $out =~ /\[emerg\]/;
+    push @fails, "no $directive" unless $msg =~ /\Q$directive\E/;
+    push @fails, "no $value" unless $msg =~ $value;
+    push @fails, "not at nginx.conf:$line" unless defined $line && $msg =~ /nginx\.conf:$line\b/;
+    push @fails, "echoes $never" if $never && $out =~ $never;
+    ok(!@fails, "$title: refused, naming $directive, the value and nginx.conf:"
+        . ($line // '?')) or diag(join('; ', @fails) . "\nnginx -t said:\n$out");
+    push @table, [$title, $msg =~ s{ in \S*/(nginx\.conf:\d+)}{ in $1}r];
+}
+
+# The table of messages, for the README.
+my $w = 0;
+$w < length $_->[0] and $w = length $_->[0] for @table;
+diag(sprintf "%-${w}s | %s", @$_) for ['row', 'nginx -t says'], ['-' x $w, '-' x 13], @table;
+
+done_testing();
