@@ -39,10 +39,13 @@ for i = 1, #KEYS do
     burst = tonumber(ARGV[a + 4]),
   }
   if not (z.alg and z.limit and z.window and z.cost and z.burst)
-      or z.limit < 1 or z.window < 1 or z.cost < 0 then
+      or z.limit < 1 or z.window < 1 or z.cost < 0 or (z.alg == gcra and z.burst < 1) then
     return redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
   end
-  z.alg.check(z, now)
+  local err = z.alg.check(z, now)
+  if err then
+    return err
+  end
   if not z.ok then
     allowed = 0
   end

@@ -1,34 +1,59 @@
 -- Generic cell rate algorithm: one stored theoretical arrival time (TAT) per key. Units are
 -- spaced window/limit ms apart; `burst` of them may arrive at once. Exact, O(1) memory, and a
 -- denied request stores nothing.
+--
+-- The spacing window/limit is rarely a whole number of ms, and doubles near 1.7e12 ms cannot
+-- hold its fractions, so the TAT is kept exactly as whole ms plus a remainder in 1/limit ms:
+-- TAT = ms + r / limit, 0 <= r < limit. Stored as a 12-byte string (a double holding the whole
+-- ms exactly, and r as a 32-bit integer).
 
 local gcra = {}
 
--- Tolerance for the rounding of window/limit in floating point, far below a millisecond.
-local EPS = 1e-6
+local GCRA_FORMAT = '<dI4'
+local GCRA_LEN = 12
+
+-- TAT minus now, in 1/limit ms.
+local function ahead(z, ms, r, now)
+  return (ms - now) * z.limit + r
+end
 
 function gcra.check(z, now)
-  z.T = z.window / z.limit
-  local tat = tonumber(redis.call('GET', z.key)) or now
-  z.tat = math.max(tat, now)
-  z.new_tat = z.tat + z.cost * z.T
-  z.ok = z.new_tat - now <= z.burst * z.T + EPS
+  local ms, r = now, 0
+  local v = redis.call('GET', z.key)
+  if v then
+    if #v ~= GCRA_LEN then
+      return redis.error_reply('WRONGTYPE ratelimit: ' .. z.key .. ' holds other data')
+    end
+    ms, r = struct.unpack(GCRA_FORMAT, v)
+    -- A limit changed by a variable leaves a remainder to carry.
+    ms, r = ms + math.floor(r / z.limit), r % z.limit
+    if ahead(z, ms, r, now) < 0 then
+      ms, r = now, 0
+    end
+  end
+  z.ms, z.r = ms, r
+  local nr = r + z.cost * z.window
+  z.nms, z.nr = ms + math.floor(nr / z.limit), nr % z.limit
+  -- Admitted while the new TAT is at most `burst` spacings (burst * window / limit ms) ahead.
+  z.ok = ahead(z, z.nms, z.nr, now) <= z.burst * z.window
 end
 
 function gcra.commit(z, now)
-  z.tat = z.new_tat
-  -- %.17g keeps the double exact, so fractional spacings never drift.
-  redis.call('SET', z.key, string.format('%.17g', z.tat), 'PX', math.ceil(z.tat - now))
+  z.ms, z.r = z.nms, z.nr
+  local ttl = math.ceil(ahead(z, z.ms, z.r, now) / z.limit)
+  redis.call('SET', z.key, struct.pack(GCRA_FORMAT, z.ms, z.r), 'PX', math.max(1, ttl))
 end
 
 function gcra.report(z, now)
-  local remaining = math.max(0, math.floor(z.burst - (z.tat - now) / z.T + EPS))
+  local w = z.window
+  local used = ahead(z, z.ms, z.r, now)
+  local remaining = math.max(0, math.floor((z.burst * w - used) / w))
   if not z.ok then
-    return remaining, math.max(1, math.ceil(z.new_tat - z.burst * z.T - now - EPS))
+    return remaining, math.max(1, math.ceil((ahead(z, z.nms, z.nr, now) - z.burst * w) / z.limit))
   end
-  if z.tat <= now then
+  if used <= 0 then
     return remaining, 0
   end
-  -- The next unit is back when the TAT is within (burst - remaining - 1) spacings of now.
-  return remaining, math.max(0, math.ceil(z.tat - (z.burst - remaining - 1) * z.T - now - EPS))
+  -- One more unit is back once the TAT is within (burst - remaining - 1) spacings of now.
+  return remaining, math.max(0, math.ceil((used - (z.burst - remaining - 1) * w) / z.limit))
 end
