@@ -75,7 +75,7 @@ $$sudo apt-get update -q
 $$sudo apt-get install -y -q --no-install-recommends $$missing
 endef
 
-.PHONY: build build-system run test test-unit test-vendored test-system bench \
+.PHONY: build build-system run test test-unit test-vendored test-system test-fuzz bench \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-run deps-bench print-apt-packages
 
@@ -253,6 +253,7 @@ test: deps-test
 	$(MAKE) build
 	rc=0
 	$(MAKE) test-unit || rc=1
+	$(MAKE) test-fuzz || rc=1
 	$(MAKE) test-vendored || rc=1
 	if [ -f $(SYS_MODULE) ]; then $(MAKE) test-system || rc=1
 	else echo "==> skipping test-system: no $(SYS_MODULE) (run make build-system)"; fi
@@ -263,6 +264,13 @@ test: deps-test
 test-unit:
 	echo "==> cargo test --release"
 	env -u NGINX_BUILD_DIR -u NGINX_SOURCE_DIR $(CARGO) test --release $(CARGO_FLAGS)
+
+# The RESP decoder against random, corrupted and cut replies, for a bounded time (FUZZ_SECONDS).
+# `fuzz/run.sh 600 libfuzzer` runs coverage-guided libFuzzer instead (needs cargo-fuzz).
+FUZZ_SECONDS ?= 60
+test-fuzz:
+	echo "==> fuzz/run.sh $(FUZZ_SECONDS) prop"
+	fuzz/run.sh $(FUZZ_SECONDS) prop
 
 test-vendored:
 	[ -x $(NGINX) ] && [ -f $(MODULE) ] || { echo "error: run make build first" >&2; exit 1; }

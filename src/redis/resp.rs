@@ -56,8 +56,12 @@ pub const MAX_REPLY_LEN: usize = 2 * MAX_BULK_LEN;
 /// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
 /// one complete reply.
 pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
-    match decode_at(buf, 0, 0)? {
-        None if buf.len() > MAX_REPLY_LEN => Err(ProtocolError::TooLarge),
+    // Only the first MAX_REPLY_LEN + 1 bytes are ever looked at, so that how reads split the
+    // stream never changes the outcome, and a reply longer than that is too large.
+    let view = &buf[..buf.len().min(MAX_REPLY_LEN + 1)];
+    match decode_at(view, 0, 0)? {
+        Some((_, used)) if used > MAX_REPLY_LEN => Err(ProtocolError::TooLarge),
+        None if view.len() > MAX_REPLY_LEN => Err(ProtocolError::TooLarge),
         done => Ok(done),
     }
 }
