@@ -444,7 +444,12 @@ unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
         FailPolicy::Local if matches!(failure, Failure::BadValue(..)) => Status::FailedClosed,
         FailPolicy::Local => decide_locally(ctx, lcf, mcf),
     };
-    if log_throttle(&mut *ptr::addr_of_mut!(FAILURE_LOG)) {
+    // Bad variable values have their own throttle: an outage must not hide them, nor they it.
+    let last = match failure {
+        Failure::BadValue(..) => ptr::addr_of_mut!(BAD_VALUE_LOG),
+        _ => ptr::addr_of_mut!(FAILURE_LOG),
+    };
+    if log_throttle(&mut *last) {
         let outcome = match ctx.status {
             Status::FailedOpen => "passed",
             Status::FailedClosed => "rejected",
@@ -546,6 +551,7 @@ fn record(ctx: &mut Ctx, d: &Decision) {
 /// Failure lines at most once a second per worker: a flood of requests during an outage must
 /// not become a flood of identical log lines.
 static mut FAILURE_LOG: ngx_msec_t = 0;
+static mut BAD_VALUE_LOG: ngx_msec_t = 0;
 
 fn log_throttle(last: &mut ngx_msec_t) -> bool {
     let now = unsafe { ngx_current_msec };

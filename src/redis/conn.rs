@@ -85,6 +85,11 @@ impl Conn {
             }
             conn.log.log_level = (*(*ngx_cycle).log).log_level;
             let c = pc.connection;
+            // A reset by Redis (a restart) is reported once by the pool; nginx's own recv()
+            // line would repeat it for every connection.
+            (*c).set_log_error(
+                ngx::ffi::ngx_connection_log_error_e_NGX_ERROR_IGNORE_ECONNRESET as _,
+            );
             (*c).data = this as *mut c_void;
             (*(*c).read).handler = Some(on_read);
             (*(*c).write).handler = Some(on_write);
