@@ -14,6 +14,9 @@ own sliding-window script (string members `<now>-<32 hex>`, the reference point)
     per key and per admitted request;
   * at scale: 100k keys x 10 requests, 100k keys x 1 request, and 20k keys x 10 requests
     (the issue's reference shape);
+  * large limits (sliding_counter, gcra): limit 10, 1,000, 1,000,000 and 1,000,000,000
+    (the module's maximum), 10k keys, each taking the whole limit in 10 requests: their
+    values are fixed-length packed strings, so the memory must not depend on the limit;
   * zset-max-listpack-entries (default 128) raised above N, at N = 1000 and 10000: memory
     and the script's cost per call (INFO commandstats usec_per_call).
 
@@ -30,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -192,7 +196,10 @@ class Client:
                 self._fill()
             v = self.buf[self.pos:self.pos + n]
             self.pos += n + 2
-            return v.decode()
+            try:
+                return v.decode()
+            except UnicodeDecodeError:
+                return v    # binary (the packed counter and gcra values)
         if t == b"*":
             n = int(rest)
             return None if n < 0 else [self.read() for _ in range(n)]
@@ -253,6 +260,39 @@ def ip_key(i):
     return "rl:%s:10.%d.%d.%d" % (ZONE, (i >> 16) & 255, (i >> 8) & 255, i & 255)
 
 
+# The stored values of sliding_counter and gcra (lua/sliding_counter.lua, lua/gcra.lua):
+# struct.pack('<BI4I4', window index % 256, current, previous) and struct.pack('<dI4', ms, r)
+# with TAT = ms + r / limit.
+COUNTER_FORMAT = "<BII"
+GCRA_FORMAT = "<dI"
+
+
+def show_value(alg, v, limit=None):
+    """A stored value as text: sorted-set members and text as they are, packed values decoded."""
+    if not isinstance(v, bytes) and alg not in ("c", "g"):
+        return v
+    b = v if isinstance(v, bytes) else v.encode()
+    if alg == "c" and len(b) == struct.calcsize(COUNTER_FORMAT):
+        return "%d B: window%%256=%d cur=%d prev=%d" % ((len(b),) + struct.unpack(COUNTER_FORMAT, b))
+    if alg == "g" and len(b) == struct.calcsize(GCRA_FORMAT):
+        ms, r = struct.unpack(GCRA_FORMAT, b)
+        return "%d B: TAT %.0f + %d/%s ms" % (len(b), ms, r, limit if limit is not None else "limit")
+    return "%d B: %s" % (len(b), b.hex())
+
+
+# Large limits: the gcra window is 1 ms longer than the hour, so that the TAT's remainder r
+# (in 1/limit ms) is not 0 as it would be for any limit dividing 3,600,000.
+BIG_GCRA_WINDOW = WINDOW + 1
+
+
+def big_costs(alg, limit):
+    """(limit, window, cost, burst) of the large-limit rows: 10 requests take the whole limit
+    (gcra: the burst) or, with a cost that does not divide it, nearly all of it."""
+    if alg == "c":
+        return limit, WINDOW, max(1, limit // 10), 0
+    return limit, BIG_GCRA_WINDOW, max(1, limit // 10 - 1), limit
+
+
 class Driver:
     def __init__(self, client, port, sha, article_sha, seed=1):
         self.c = client
@@ -260,9 +300,13 @@ class Driver:
         self.sha = sha
         self.article_sha = article_sha
         self.rng = random.Random(seed)
+        self.big = None     # a limit: the large-limit rows (big_costs)
 
     def command(self, alg, key, now, n):
         """The EVALSHA of one admitted request on a key that will take n requests."""
+        if self.big is not None:
+            limit, window, cost, burst = big_costs(alg, self.big)
+            return encode(["EVALSHA", self.sha, 1, key, now, alg, limit, window, cost, burst])
         if alg == "floor":
             # Not a limiter: the least a key with a TTL costs in Redis (a 1-byte integer value).
             return encode(["SET", key, "1", "PX", WINDOW])
@@ -274,10 +318,10 @@ class Driver:
         if alg == "c":
             return encode(["EVALSHA", self.sha, 1, key, now, "c", n, WINDOW, 1, 0])
         if alg == "g":
-            # limit 7n per window: a fractional spacing, so the TAT is stored with its
-            # decimals as it usually is; burst n + 1 admits all n (burst 1 with a fractional
-            # spacing trips the script's float comparison at epoch times: t/202).
-            return encode(["EVALSHA", self.sha, 1, key, now, "g", 7 * n, WINDOW, 1, n + 1])
+            # limit 7n per window: a fractional spacing, so the TAT has a remainder (r in
+            # 1/limit ms) as it usually does; burst n admits all n (exactly: the TAT is kept
+            # in integers).
+            return encode(["EVALSHA", self.sha, 1, key, now, "g", 7 * n, WINDOW, 1, n])
         raise ValueError(alg)
 
     def fill(self, alg, keys, n):
@@ -325,11 +369,16 @@ class Driver:
                 raise SystemExit("%s: ZCARD %d, expected %d" % (alg, card, n))
             value = c.cmd("ZRANGE", k0, 0, 0)[0]
         else:
-            value = c.cmd("GET", k0)
+            v = c.cmd("GET", k0)
+            limit = self.big if self.big is not None else 7 * n
+            value = show_value(alg, v, limit)
+            want = {"c": struct.calcsize(COUNTER_FORMAT), "g": struct.calcsize(GCRA_FORMAT)}.get(alg)
+            if want and len(v if isinstance(v, bytes) else v.encode()) != want:
+                raise SystemExit("%s: a value of %d bytes, expected %d: %s" % (alg, len(v), want, value))
         mu = sum(usage) / len(usage)
         delta = after - before
         return {
-            "alg": alg, "keys": keys, "n": n, "encoding": enc, "value": value,
+            "alg": alg, "keys": keys, "n": n, "encoding": enc, "value": value, "limit": self.big,
             "mu_key": mu, "mu_req": mu / n,
             "delta_key": delta / keys, "delta_req": delta / (keys * n),
             "usec": usec, "rate": keys * n / elapsed if elapsed > 0 else 0,
@@ -379,10 +428,31 @@ ALG_NAMES = {"l": "sliding_log", "c": "sliding_counter", "g": "gcra", "article":
              "floor": "(floor: `SET k 1 PX`)"}
 
 
+def span(lo, hi):
+    """"88" or "143–154": a range of byte counts, one number when both ends agree."""
+    return "%.0f" % lo if round(lo) == round(hi) else "%.0f–%.0f" % (lo, hi)
+
+
 def fmt_row(r):
     return "| %s | %s | %s | %s | %.0f | %.1f | %.0f | %.1f | %.1f | `%s` |" % (
         ALG_NAMES[r["alg"]], "{:,}".format(r["keys"]), "{:,}".format(r["n"]), r["encoding"],
         r["mu_key"], r["mu_req"], r["delta_key"], r["delta_req"], r["usec"], r["value"])
+
+
+BIG_LIMITS = (10, 1000, 1_000_000, 1_000_000_000)
+
+
+def fmt_big_row(r):
+    limit, window, cost, burst = big_costs(r["alg"], r["limit"])
+    return "| %s | %s | %s | %s × 10%s | %s | %.0f | %.0f | %.1f | `%s` |" % (
+        ALG_NAMES[r["alg"]], "{:,}".format(limit), "{:,}".format(r["keys"]), "{:,}".format(cost),
+        (", burst %s" % "{:,}".format(burst)) if burst else "", r["encoding"], r["mu_key"],
+        r["delta_key"], r["usec"], r["value"])
+
+
+BIG_HEADER = ("| algorithm | limit | keys | units taken per key | encoding | MEMORY USAGE /key "
+              "| used_memory Δ /key | µs/call | sample value |\n"
+              "|---|---:|---:|---|---|---:|---:|---:|---|")
 
 
 HEADER = ("| algorithm | keys | requests/key | encoding | MEMORY USAGE /key | /request "
@@ -427,6 +497,15 @@ def main():
             scale.append(r)
             print(fmt_row(r), flush=True)
 
+    big_rows = []
+    for limit in BIG_LIMITS:
+        d.big = limit
+        for alg in ("c", "g"):
+            r = d.measure(alg, 10_000 // div, 10)
+            big_rows.append(r)
+            print(fmt_big_row(r), flush=True)
+    d.big = None
+
     lp = []
     for entries in (128, 1024, 16384):
         c.cmd("CONFIG", "SET", "zset-max-listpack-entries", entries)
@@ -440,15 +519,21 @@ def main():
     c.cmd("CONFIG", "SET", "zset-max-listpack-entries", lp_entries)
 
     # What a value's length does to a string key: MEMORY USAGE of `rl:api:10.0.0.1` holding
-    # values of the shapes the counter and gcra store (and integer alternatives).
+    # the packed values the counter and gcra store, the text formats they stored before, and
+    # an integer alternative.
     probes = []
-    for v, what in (("472223:10:0", "counter, 1 h window"), ("28333380:57:60", "counter, 60 s window"),
-                    ("28333380:5:6", "counter, 60 s window, small counts"),
-                    ("1700003314285.7153", "gcra TAT as %.17g"),
+    for v, what in ((struct.pack(COUNTER_FORMAT, 472223 % 256, 1_000_000_000, 1_000_000_000),
+                     "counter, packed (window % 256, current, previous): any limit"),
+                    (struct.pack(GCRA_FORMAT, 1700003314285, 999_999_999),
+                     "gcra, packed (whole ms, remainder): any limit"),
+                    ("472223:10:0", "counter text (previous format), 1 h window"),
+                    ("28333380:57:60", "counter text (previous format), 60 s window"),
+                    ("1700003314285.7153", "gcra TAT as %.17g text (previous format)"),
                     ("1700003314285715", "an integer TAT (µs)")):
         c.cmd("FLUSHALL", "SYNC")
         c.cmd("SET", "rl:api:10.0.0.1", v, "PX", WINDOW)
-        probes.append((v, what, c.cmd("OBJECT", "ENCODING", "rl:api:10.0.0.1"),
+        shown = ("%d bytes: %s" % (len(v), v.hex())) if isinstance(v, bytes) else v
+        probes.append((shown, what, c.cmd("OBJECT", "ENCODING", "rl:api:10.0.0.1"),
                        c.cmd("MEMORY", "USAGE", "rl:api:10.0.0.1", "SAMPLES", "0")))
     server.stop()
 
@@ -463,8 +548,9 @@ def main():
     art10 = find(scale, "article", 20_000 // div, 10)
     art_small = find(per_key, "article", 100_000 // 10 // div, 10)
     floor = find(scale, "floor", big, 1)
-    ctr = [r for r in per_key + scale if r["alg"] == "c"]
-    gcra = [r for r in per_key + scale if r["alg"] == "g"]
+    ctr = [r for r in per_key + scale + big_rows if r["alg"] == "c"]
+    gcra = [r for r in per_key + scale + big_rows if r["alg"] == "g"]
+    big_mu = max(r["mu_key"] for r in big_rows)
     probe_rows = "\n".join("  | `%s` | %s | %s | %d |" % p for p in probes)
     lp_rows = "\n".join(
         "| %d | %s | %s | %s | %.1f | %.1f | %.1f |" % (
@@ -480,8 +566,8 @@ the used_memory deltas). Each request is one `EVALSHA` of the decision script ex
 assembles it (`{", ".join(os.path.basename(p) for p in script_parts())}`), pipelined, with an
 injected clock: the requests of a key are 100 ms apart inside one 1 h window, every one
 admitted (sliding_log and sliding_counter: limit = requests per key; gcra: limit 7 × that
-per window, so that the stored TAT has decimals as it usually does, burst = requests per
-key). Keys are `rl:api:10.x.y.z`. The article's script (`ZADD key now "<now>-<32 hex>"`) is
+per window, so that the stored TAT has a fraction of a ms (the remainder r ≠ 0) as it usually
+does, burst = requests per key). Keys are `rl:api:10.x.y.z`. The article's script (`ZADD key now "<now>-<32 hex>"`) is
 the reference point. {"**Quick run: 10× fewer keys.**" if div > 1 else ""}
 
 Run: {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, commit {git_rev()}, {os.cpu_count()} CPUs shared with
@@ -504,6 +590,17 @@ whatever else runs on the machine (µs/call is indicative only).
 {HEADER}
 {chr(10).join(fmt_row(r) for r in scale)}
 
+## Large limits (sliding_counter, gcra)
+
+{10_000 // div:,} keys, each taking (nearly) its whole limit in 10 admitted requests 100 ms
+apart, so that the stored counts and remainders are as large as the limit makes them. The
+counter's window is 1 h; gcra's is 1 h + 1 ms, with burst = limit and a cost of limit/10 − 1,
+so that its remainder r is not 0 (at limit 10 it is 0 whatever the cost: 10 requests of 1
+unit are exactly 10 spacings). {BIG_LIMITS[-1]:,} is the largest limit the module accepts.
+
+{BIG_HEADER}
+{chr(10).join(fmt_big_row(r) for r in big_rows)}
+
 ## Summary
 
 - **sliding_log at scale** ({big:,} keys × 10 entries): **{log10["delta_req"]:.1f} bytes per
@@ -517,16 +614,21 @@ whatever else runs on the machine (µs/call is indicative only).
   72.8). At {big:,} keys × 10 our log takes
   {log10["delta_req"] / find(scale, "article", big, 10)["delta_req"] * 100:.0f}% of the
   article's memory.
-- **sliding_counter**: {min(r["mu_key"] for r in ctr):.0f}–{max(r["mu_key"] for r in ctr):.0f}
-  bytes per key by MEMORY USAGE, {min(r["delta_key"] for r in ctr if r["keys"] >= 1000):.0f}–{max(r["delta_key"] for r in ctr if r["keys"] >= 1000):.0f}
-  by used_memory Δ (rows with ≥ 1,000 keys), whatever the limit.
-- **gcra**: {min(r["mu_key"] for r in gcra):.0f}–{max(r["mu_key"] for r in gcra):.0f}
-  bytes per key by MEMORY USAGE, {min(r["delta_key"] for r in gcra if r["keys"] >= 1000):.0f}–{max(r["delta_key"] for r in gcra if r["keys"] >= 1000):.0f}
-  by used_memory Δ, whatever the limit. Its value is the TAT as `%.17g` text (18 bytes with
-  decimals), one allocation size class above the counter's.
+- **sliding_counter**: {span(min(r["mu_key"] for r in ctr), max(r["mu_key"] for r in ctr))}
+  bytes per key by MEMORY USAGE, {span(min(r["delta_key"] for r in ctr if r["keys"] >= 1000), max(r["delta_key"] for r in ctr if r["keys"] >= 1000))}
+  by used_memory Δ (rows with ≥ 1,000 keys), whatever the limit (up to
+  {BIG_LIMITS[-1]:,}). Its value is 9 bytes, `struct.pack('<BI4I4', window index % 256,
+  current, previous)`: the same length for any count.
+- **gcra**: {span(min(r["mu_key"] for r in gcra), max(r["mu_key"] for r in gcra))}
+  bytes per key by MEMORY USAGE, {span(min(r["delta_key"] for r in gcra if r["keys"] >= 1000), max(r["delta_key"] for r in gcra if r["keys"] >= 1000))}
+  by used_memory Δ, whatever the limit. Its value is the TAT exactly, as whole ms plus a
+  remainder r in 1/limit ms: 12 bytes, `struct.pack('<dI4', ms, r)`.
 - **Value length matters** for the string keys: up to 12 bytes a value shares one 32-byte
   allocation with its object header, 13–28 bytes take 48, and an integer is stored in the
-  object itself. MEMORY USAGE of `rl:api:10.0.0.1` holding:
+  object itself. Both packed values fit in the 32-byte class whatever the limit; the text
+  formats they replaced (`<window>:<current>:<previous>`, the TAT as `%.17g`) took 48 as soon
+  as they passed 12 characters: a counter from 1,000 requests in a 1 h window or from 10 in a
+  60 s window, and every gcra TAT with decimals. MEMORY USAGE of `rl:api:10.0.0.1` holding:
 
   | value | shape | encoding | MEMORY USAGE |
   |---|---|---|---:|
@@ -534,7 +636,10 @@ whatever else runs on the machine (µs/call is indicative only).
 
 - **Goal "< 100 bytes per key"** (counter, gcra): by MEMORY USAGE
   **{"met" if max(r["mu_key"] for r in ctr + gcra) < 100 else "NOT met"}**
-  (max {max(r["mu_key"] for r in ctr + gcra):.0f}); by used_memory Δ
+  (max {max(r["mu_key"] for r in ctr + gcra):.0f} over every row, {big_mu:.0f} at limits
+  {", ".join("{:,}".format(l) for l in BIG_LIMITS)}), for key names like these
+  (`rl:api:10.x.y.z`, 15–17 bytes): a longer zone name or key adds its length, by allocation
+  size classes. By used_memory Δ
   **{"met" if max(r["delta_key"] for r in ctr + gcra if r["keys"] >= 1000) < 100 else "NOT met"}**,
   and not reachable with one Redis key per limited key: Redis's own floor for a key with a TTL
   (`SET rl:api:10.x.y.z 1 PX …`, row "floor") is already {floor["delta_key"]:.0f} bytes by
@@ -567,8 +672,9 @@ in the script's time per call:
   {find(per_key, "l", 100_000 // 10000 // div, 10000)["mu_key"] / 1e6:.1f} MB at 10,000). Use it
   for limits up to ~100 per window, or when exactness and an audit trail of admitted
   requests are worth the memory; avoid it for limits in the thousands over many keys.
-- **sliding_counter** and **gcra**: one small string per key whatever the limit,
-  ~{find(scale, "c", big, 10)["delta_key"]:.0f}–{find(scale, "g", big, 10)["delta_key"]:.0f} bytes per key in
+- **sliding_counter** and **gcra**: one packed string of a fixed length per key (9 and 12
+  bytes) whatever the limit,
+  ~{span(*sorted((find(scale, "c", big, 10)["delta_key"], find(scale, "g", big, 10)["delta_key"])))} bytes per key in
   production terms (a million keys ≈ {find(scale, "g", big, 10)["delta_key"] * 1e6 / 2**20:.0f} MiB): the
   choice for large limits or many keys. gcra is exact for a rate with a burst; the counter
   approximates a rolling window (bench/accuracy.md: how far it can be off).

@@ -25,8 +25,11 @@ function gcra.check(z, now)
       return redis.error_reply('WRONGTYPE ratelimit: ' .. z.key .. ' holds other data')
     end
     ms, r = struct.unpack(GCRA_FORMAT, v)
-    -- A limit changed by a variable leaves a remainder to carry.
-    ms, r = ms + math.floor(r / z.limit), r % z.limit
+    -- r counts 1/limit ms of the limit it was stored with; after a lower limit (a plan change
+    -- through a variable) it may not fit: round up to the next ms, less than 1 ms late.
+    if r >= z.limit then
+      ms, r = ms + 1, 0
+    end
     if ahead(z, ms, r, now) < 0 then
       ms, r = now, 0
     end
@@ -49,6 +52,10 @@ function gcra.report(z, now)
   local used = ahead(z, z.ms, z.r, now)
   local remaining = math.max(0, math.floor((z.burst * w - used) / w))
   if not z.ok then
+    if z.cost > z.burst then
+      -- It can never fit; the module does not even ask. Answer like the other algorithms.
+      return remaining, w
+    end
     return remaining, math.max(1, math.ceil((ahead(z, z.nms, z.nr, now) - z.burst * w) / z.limit))
   end
   if used <= 0 then

@@ -57,6 +57,10 @@ end
 
 function sliding_log.report(z, now)
   local remaining = math.max(0, z.limit - z.used)
+  if z.cost > z.limit then
+    -- It can never fit; the module does not even ask.
+    return remaining, z.window
+  end
   if z.used == 0 then
     return remaining, 0
   end
@@ -65,9 +69,6 @@ function sliding_log.report(z, now)
   local idx = 0
   if not z.ok then
     idx = z.used + z.cost - z.limit - 1
-    if idx >= z.used then
-      return remaining, z.window
-    end
   end
   local e = redis.call('ZRANGE', z.key, idx, idx, 'WITHSCORES')
   return remaining, math.max(0, tonumber(e[2]) + z.window - now)

@@ -9,7 +9,7 @@ use RLTest::Script qw(:all);
 
 for my $T0 (10_000_000, 1_700_000_000_000) {
     my $tag = "T0=$T0";
-    my $I = $T0 / 1000;
+    my $S = $T0 / 1000 % 256;    # the counter's stored window index at t = 0
 
     # Two zones: sliding_log limit 3 + GCRA 10 per 1000 ms burst 2.
     my @k2 = ("rl:log:$T0", "rl:gcra:$T0");
@@ -24,7 +24,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     );
     is(snapshot(@k2), $before, "$tag 2 zones: GCRA denied, so the log recorded nothing");
     is(redis_cmd('ZCARD', $k2[0]), 2, "$tag 2 zones: ZCARD still 2");
-    is(redis_cmd('GET', $k2[1]), $T0 + 200, "$tag 2 zones: TAT still +200");
+    is(gcra_value($k2[1], 10), ($T0 + 200) . '+0/10', "$tag 2 zones: TAT still +200");
     steps("$tag 2 zones", $T0, \@two,
         [100, '1 | 1 0 900 | 1 0 100'],
     );
@@ -47,8 +47,8 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     );
     is(snapshot(@k3), $before, "$tag 3 zones: one zone denied: no zone changed");
     is(redis_cmd('ZCARD', $k3[0]), 2, "$tag 3 zones: log ZCARD 2");
-    is(redis_cmd('GET', $k3[1]), "$I:2:0", "$tag 3 zones: counter value unchanged");
-    is(redis_cmd('GET', $k3[2]), $T0 + 200, "$tag 3 zones: GCRA TAT unchanged");
+    is(counter_value($k3[1]), "$S:2:0", "$tag 3 zones: counter value unchanged");
+    is(gcra_value($k3[2], 10), ($T0 + 200) . '+0/10', "$tag 3 zones: GCRA TAT unchanged");
     steps("$tag 3 zones", $T0, \@three,
         [1000, '1 | 1 0 10 | 1 0 500 | 1 4 100'],
     );
@@ -68,8 +68,8 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
         [1500, '1 | 1 0 500 | 1 0 500 | 1 4 100'],
     );
     is(redis_cmd('ZCARD', $k3[0]), 2, "$tag 3 zones: admitted: log recorded");
-    is(redis_cmd('GET', $k3[1]), ($I + 1) . ':2:2', "$tag 3 zones: admitted: counter counted");
-    is(redis_cmd('GET', $k3[2]), $T0 + 1600, "$tag 3 zones: admitted: GCRA advanced");
+    is(counter_value($k3[1]), ($S + 1) . ':2:2', "$tag 3 zones: admitted: counter counted");
+    is(gcra_value($k3[2], 10), ($T0 + 1600) . '+0/10', "$tag 3 zones: admitted: GCRA advanced");
 
     # Per-zone cost: a read-only zone (cost 0) next to a counting one.
     my @kr = ("rl:ro:$T0", "rl:rw:$T0");
@@ -80,7 +80,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
         [0, { costs => [1, 1] }, '0 | 1 2 0 | 0 0 1200'],
     );
     is(redis_cmd('EXISTS', $kr[0]), 0, "$tag per-zone cost: the cost-0 zone recorded nothing");
-    is(redis_cmd('GET', $kr[1]), "$I:5:0", "$tag per-zone cost: the other counted 1 + 4");
+    is(counter_value($kr[1]), "$S:5:0", "$tag per-zone cost: the other counted 1 + 4");
 }
 
 # Bad arguments: an error reply, and nothing recorded in any zone.
@@ -110,13 +110,19 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
         is(verdict(decide_raw($keys, @$argv)), $want, "bad arguments: $name");
         is(snapshot($ka, $kb), $before, "bad arguments: $name: nothing changed");
     }
-    # GCRA with burst 0 can never admit anything (new TAT - now = cost*T > 0):
-    # it is a configuration error like limit 0, but the script runs it.
-    TODO: {
-        our $TODO; local $TODO = 'decide.lua accepts burst < 1 for GCRA (every request denied)';
-        is(verdict(decide_raw([$kb], $T, 'g', 10, 1000, 1, 0)), $e1, 'bad arguments: GCRA burst 0');
-    }
+    # GCRA with burst 0 could never admit anything (new TAT - now = cost*T > 0):
+    # a configuration error like limit 0.  Also as a later zone, after zones
+    # that would admit: nothing recorded anywhere.
+    is(verdict(decide_raw([$kb], $T, 'g', 10, 1000, 1, 0)), $e1, 'bad arguments: GCRA burst 0');
+    is(verdict(decide_raw([$kb], $T, 'g', 10, 1000, 0, 0)), $e1, 'bad arguments: GCRA burst 0, cost 0');
+    is(verdict(decide_raw([$kb], $T, 'g', 10, 1000, 1, -1)), $e1, 'bad arguments: GCRA burst -1');
+    is(verdict(decide_raw([$ka, $kb], $T, 'l', 5, 60000, 1, 0, 'g', 10, 1000, 1, 0)), $e2,
+        'bad arguments: zone 2 GCRA burst 0');
+    is(snapshot($ka, $kb), $before, 'bad arguments: GCRA burst 0: nothing changed');
     is(redis_cmd('EXISTS', $kb), 0, 'GCRA burst 0: nothing stored');
+    # burst 0 means nothing to the other algorithms.
+    is(verdict(decide_raw([$kb], $T, 'c', 10, 1000, 1, 0)), 'RAW:1 1 9 2000', 'counter with burst 0: fine');
+    redis_cmd('DEL', $kb);
 }
 
 # Someone else's data under a zone key: WRONGTYPE, and nothing changes in any
@@ -142,6 +148,50 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
             like(verdict(decide($T + 10, @z)), qr/^ERR:WRONGTYPE /,
                 "$type under a '$alg' zone ($pos of 4): WRONGTYPE error reply");
             is(snapshot(@all), $before, "$type under a '$alg' zone ($pos of 4): nothing changed");
+        }
+    }
+}
+
+# A string of the wrong length under a counter key (9 bytes) or a gcra key (12
+# bytes): someone else's data, a value of another format, or the other
+# algorithm's value (a zone whose algorithm changed).  The script's own
+# WRONGTYPE error reply, naming the key, and nothing changes in any zone.
+{
+    my $T = 40_000_000;
+    my @ok = (['rl:wl:l', 'l', 5, 60000], ['rl:wl:c', 'c', 5, 60000], ['rl:wl:g', 'g', 5, 60000, 1, 2]);
+    decide($T, @ok);    # every algorithm's key holds state
+    my @strings = (
+        ['empty string',          ''],
+        ['short text',            'hello'],
+        ['8 bytes',               "\0" x 8],
+        ['10 bytes',              "\0" x 10],
+        ['11 bytes',              "\0" x 11],
+        ['13 bytes',              "\0" x 13],
+        ['old gcra text',         '40000200'],
+        ['old gcra text (epoch)', '1700000000333.3333'],
+        ['old counter text',      '666:1:0'],
+        ['a gcra value',          pack('d< V', 40_000_100, 0)],     # 12 bytes
+        ['a counter value',       pack('C V V', 666 % 256, 1, 0)],  # 9 bytes
+    );
+    my @fk;
+    for my $i (0 .. $#strings) {
+        push @fk, "foreign:str:$i";
+        redis_cmd('SET', $fk[-1], $strings[$i][1], 'PX', 600000);
+    }
+    my @all = (@fk, map { $_->[0] } @ok);
+    my $before = snapshot(@all);
+    for my $i (0 .. $#strings) {
+        my ($what, $v) = @{ $strings[$i] };
+        for my $alg ('c', 'g') {
+            my $len = $alg eq 'c' ? 9 : 12;
+            next if length $v == $len;    # the right length is read as a value (t/201, t/202)
+            my $bad = [$fk[$i], $alg, 5, 60000, 1, $alg eq 'g' ? 2 : 0];
+            for my $pos ('first', 'last') {
+                my @z = $pos eq 'first' ? ($bad, @ok) : (@ok, $bad);
+                is(verdict(decide($T + 10, @z)), "ERR:WRONGTYPE ratelimit: $fk[$i] holds other data",
+                    "$what (" . length($v) . " bytes) under a '$alg' zone ($pos of 4): WRONGTYPE naming the key");
+                is(snapshot(@all), $before, "$what under a '$alg' zone ($pos of 4): nothing changed");
+            }
         }
     }
 }

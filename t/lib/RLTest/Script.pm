@@ -17,6 +17,8 @@ package RLTest::Script;
 #   steps($name, $t0, \@zones, [$dt, $expected], [$dt, {cost => 3}, $expected], ...)
 #                                     # a literal table: decision at $t0 + $dt must be $expected
 #   snapshot(@keys)                   # every key's type, value and whether it has a TTL, as one string
+#   counter_value($key)               # a sliding_counter key decoded: "<window index % 256>:<current>:<previous>"
+#   gcra_value($key, $limit)          # a gcra key decoded: "<ms>+<r>/<limit>", the TAT ms + r/limit exactly
 #
 # A zone is [key, algorithm letter, limit, window_ms, cost (default 1),
 # burst (default 0)] or { key, alg, limit, window, cost, burst }.  $now_ms
@@ -32,7 +34,7 @@ use Time::HiRes ();
 use RLTest ();
 
 our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw
-    verdict redis_error is_error steps snapshot);
+    verdict redis_error is_error steps snapshot counter_value gcra_value);
 our %EXPORT_TAGS = (all => \@EXPORT_OK);
 
 my $repo = abs_path(dirname(__FILE__) . '/../../..');
@@ -163,14 +165,59 @@ sub steps {
     }
 }
 
+# A string value as text: as it is when printable, else "hex:<bytes in hex>"
+# (the counter and gcra values are packed binary).
+sub show_bytes {
+    my ($v) = @_;
+    return $v if !defined $v || ref $v || $v =~ /\A[\x20-\x7e]*\z/;
+    return 'hex:' . unpack('H*', $v);
+}
+
+# The stored values of sliding_counter and gcra, decoded.  Both are strings of a
+# fixed length packed by the script with Lua's struct.pack; a key that does not
+# exist gives undef, another reply (an error) or a string of another length a
+# "BAD:..." text that no expectation matches.
+sub packed_value {
+    my ($key, $len) = @_;
+    my $v = RLTest::redis_cmd('GET', $key);
+    return undef unless defined $v;
+    return 'BAD:' . RLTest::Redis::format_reply($v) if ref $v;
+    return sprintf('BAD:%d bytes, not %d:%s', length $v, $len, show_bytes($v)) if length $v != $len;
+    return $v;
+}
+
+# sliding_counter: struct.pack('<BI4I4', window index % 256, current, previous),
+# 9 bytes; as "<window index % 256>:<current>:<previous>".
+sub counter_value {
+    my ($key) = @_;
+    my $v = packed_value($key, 9);
+    return $v if !defined $v || $v =~ /^BAD:/;
+    return join ':', unpack('C V V', $v);
+}
+
+# gcra: struct.pack('<dI4', ms, r), 12 bytes, the TAT being exactly ms + r/limit
+# (ms a whole number of ms held in a double, 0 <= r < limit); as "<ms>+<r>/<limit>",
+# $limit being the zone's limit (only shown, and checked against r).  A ms that is
+# not a whole number shows with its fraction, so it never matches an expectation.
+sub gcra_value {
+    my ($key, $limit) = @_;
+    my $v = packed_value($key, 12);
+    return $v if !defined $v || $v =~ /^BAD:/;
+    my ($ms, $r) = unpack('d< V', $v);
+    my $m = $ms == int($ms) ? sprintf('%.0f', $ms) : sprintf('%.17g', $ms);
+    return "BAD:r=$r >= limit $limit (ms $m)" if defined $limit && $r >= $limit;
+    return "$m+$r/" . ($limit // '?');
+}
+
 # What the keys hold, for "nothing changed" checks: type, content, and whether
-# a TTL is set.  Sorted sets with scores, strings as they are.
+# a TTL is set.  Sorted sets with scores, strings as they are (in hex when not
+# printable: the packed counter and gcra values).
 sub snapshot {
     my @out;
     for my $k (@_) {
         my $type = RLTest::redis_cmd('TYPE', $k);
         my $v = $type eq 'zset'   ? RLTest::redis_cmd('ZRANGE', $k, 0, -1, 'WITHSCORES')
-              : $type eq 'string' ? RLTest::redis_cmd('GET', $k)
+              : $type eq 'string' ? show_bytes(RLTest::redis_cmd('GET', $k))
               : $type eq 'list'   ? RLTest::redis_cmd('LRANGE', $k, 0, -1)
               : $type eq 'hash'   ? RLTest::redis_cmd('HGETALL', $k)
               : undef;
