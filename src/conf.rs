@@ -122,7 +122,7 @@ pub struct LocConf {
     /// `ratelimit off` was written at this level; only for checking the lines that follow.
     pub limits_off: bool,
     pub fail: Option<FailPolicy>,
-    pub status: Option<ngx_uint_t>,
+    pub status: Option<u64>,
     pub headers: Option<HeaderMode>,
     pub log_level: Option<ngx_uint_t>,
     pub deny_cache: Option<bool>,
@@ -137,7 +137,7 @@ impl LocConf {
         self.fail.unwrap_or(FailPolicy::Open)
     }
     pub fn status(&self) -> ngx_uint_t {
-        self.status.unwrap_or(429)
+        self.status.unwrap_or(429) as ngx_uint_t
     }
     pub fn headers(&self) -> HeaderMode {
         self.headers.unwrap_or(HeaderMode::Legacy)

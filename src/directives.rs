@@ -446,20 +446,31 @@ unsafe extern "C" fn cmd_status(
     conf: *mut c_void,
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
-    if lcf.status.is_some() {
+    set_number(cf, &mut lcf.status, 400, 599)
+}
+
+/// Sets a number directive once, within `min..=max`.
+unsafe fn set_number(
+    cf: *mut ngx_conf_t,
+    slot: &mut Option<u64>,
+    min: u64,
+    max: u64,
+) -> *mut c_char {
+    if slot.is_some() {
         return IS_DUPLICATE;
     }
     let value = text(&args(cf)[1]);
-    match parse_uint(value, 400, 599) {
-        Some(code) => {
-            lcf.status = Some(code as ngx_uint_t);
+    match parse_uint(value, min, max) {
+        Some(n) => {
+            *slot = Some(n);
             NGX_CONF_OK
         }
         None => {
+            let directive = text(&args(cf)[0]);
             ngx_conf_log_error!(
                 NGX_LOG_EMERG,
                 cf,
-                "invalid value \"{value}\" in \"ratelimit_status\" directive, it must be 400..599"
+                "invalid value \"{value}\" in \"{directive}\" directive, it must be {min}..{max}"
             );
             NGX_CONF_ERROR as _
         }
@@ -481,15 +492,5 @@ unsafe extern "C" fn cmd_fail_local_share(
     conf: *mut c_void,
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
-    if lcf.fail_local_share.is_some() {
-        return IS_DUPLICATE;
-    }
-    let value = text(&args(cf)[1]);
-    match parse_uint(value, 1, 1_000_000) {
-        Some(n) => {
-            lcf.fail_local_share = Some(n);
-            NGX_CONF_OK
-        }
-        None => invalid(cf, "value", value),
-    }
+    set_number(cf, &mut lcf.fail_local_share, 1, 1_000_000)
 }
