@@ -47,6 +47,35 @@ sub artefacts {
 
 sub binary { my %a = artefacts(); $a{binary} }
 
+# Valgrind (t/valgrind.sh).  TEST_NGINX_VALGRIND=1, or the path of a
+# suppressions file to use instead of t/valgrind.supp, runs every nginx this
+# harness starts (nginx -t too) under memcheck.  Valgrind stays in the
+# processes nginx forks (the daemon child, the workers, after a HUP the new
+# workers), and each writes <prefix>/valgrind.s<start>.t<test>.<pid>.log
+# (start count of the instance, Test::More test number at the start, pid);
+# t/valgrind-check.pl reads them.  TEST_NGINX_VALGRIND_OPTS adds options
+# (for example --track-origins=yes).  Everything is ~20-50x slower, so the
+# harness's own deadlines (pid file, port, workers, graceful quit) are
+# multiplied by $SLOW; they only cost time when something hangs.
+my $valgrind = $ENV{TEST_NGINX_VALGRIND};
+$valgrind = undef if defined $valgrind && $valgrind =~ /^0?$/;
+our $SLOW = $valgrind ? 10 : 1;
+
+sub valgrind { $valgrind ? 1 : 0 }
+
+sub valgrind_cmd {
+    my ($self) = @_;
+    return () unless $valgrind;
+    my $supp = $valgrind eq '1' ? "$repo/t/valgrind.supp" : $valgrind;
+    my $tag = sprintf 's%d.t%d', ++$self->{vg_runs},
+        eval { Test::More->builder->current_test } // 0;
+    return ('valgrind', '--tool=memcheck', '--trace-children=no',
+        '--child-silent-after-fork=no', '--error-exitcode=0', '--num-callers=30',
+        '--leak-check=full', '--show-leak-kinds=definite', '--errors-for-leak-kinds=definite',
+        "--suppressions=$supp", "--log-file=$self->{prefix}/valgrind.$tag.%p.log",
+        split(' ', $ENV{TEST_NGINX_VALGRIND_OPTS} // ''));
+}
+
 sub module_path {
     return undef if $ENV{TEST_NGINX_NO_MODULE};
     my %a = artefacts();
@@ -146,17 +175,17 @@ sub conf_file { "$_[0]{prefix}/conf/nginx.conf" }
 sub run_binary {
     my ($self, @args) = @_;
     my $out = "$self->{prefix}/logs/nginx.stderr";
-    my $bin = binary();
+    my @cmd = ($self->valgrind_cmd, binary());
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
         open STDOUT, '>', $out;
         open STDERR, '>&', \*STDOUT;
         open STDIN, '<', '/dev/null';
-        { exec $bin, '-p', "$self->{prefix}/", '-c', 'conf/nginx.conf', @args }
+        { exec @cmd, '-p', "$self->{prefix}/", '-c', 'conf/nginx.conf', @args }
         POSIX::_exit(127);
     }
     # nginx -t and the daemonising parent both exit within moments.
-    my $deadline = time + 30;
+    my $deadline = time + 30 * $SLOW;
     my $rc;
     while (time < $deadline) {
         my $r = waitpid $pid, 1;
@@ -188,7 +217,7 @@ sub start {
     my ($rc, $out) = $self->run_binary;
     die "nginx failed to start (exit $rc): $out\n" if $rc;
     my $pidfile = "$self->{prefix}/logs/nginx.pid";
-    my $deadline = time + 10;
+    my $deadline = time + 10 * $SLOW;
     while (time < $deadline) {
         if (open my $fh, '<', $pidfile) {
             my $p = <$fh>;
@@ -198,7 +227,7 @@ sub start {
     }
     die "nginx wrote no pid file; stderr: $out\n" unless $self->{pid};
     RLTest::Proc::register_pid($self->{pid}, "nginx $self->{name}");
-    wait_for_port($self->{port}, 10) or die "nginx is not listening on $self->{port}\n";
+    wait_for_port($self->{port}, 10 * $SLOW) or die "nginx is not listening on $self->{port}\n";
     $self->wait_workers($self->count_workers);
     return $self;
 }
@@ -215,7 +244,7 @@ sub count_workers {
 sub wait_workers {
     my ($self, $n, @old) = @_;
     my %old = map { $_ => 1 } @old;
-    my $deadline = time + 10;
+    my $deadline = time + 10 * $SLOW;
     while (time < $deadline) {
         my @w = grep { !$old{$_} } $self->worker_pids;
         return @w if @w >= $n;
@@ -246,7 +275,7 @@ sub stop {
     my ($self, %o) = @_;
     my $pid = delete $self->{pid} or return 1;
     my @workers = children_of($pid);
-    my $ok = kill_and_wait($pid, $o{signal} || 'QUIT', $o{timeout} || 15);
+    my $ok = kill_and_wait($pid, $o{signal} || 'QUIT', ($o{timeout} || 15) * $SLOW);
     unless ($ok) {
         kill 'KILL', grep { alive($_) } @workers;
     }
