@@ -5,8 +5,10 @@
 #   make build-system   module for Debian's packaged nginx (nginx-dev sources, 1.22.1)
 #                       -> build/system/ngx_http_ratelimit_module.so (loads into /usr/sbin/nginx)
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
-#   make test           cargo test + prove -r t (vendored build; system build too if present)
+#   make test           cargo test, 60 s of RESP fuzzing, prove -r t (vendored build; system
+#                       build too if present), every suite again under valgrind
 #   make bench          wrk benchmark, unlimited vs limited location (bench/run.sh)
+#   make bench-compare  no limiter vs the article's Lua block vs this module (bench/compare.sh)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -49,7 +51,8 @@ APT_BUILD  := gcc make libclang-dev libpcre2-dev libssl-dev zlib1g-dev
 APT_SYSTEM := nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua
 APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind
 APT_RUN    := redis-server redis-tools curl
-APT_BENCH  := redis-server redis-tools wrk curl
+APT_BENCH  := redis-server redis-tools wrk curl nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua \
+              lua-nginx-redis python3-venv
 APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH))
 
 # $(call apt_ensure,packages): install those of the packages that are not installed yet.
@@ -76,7 +79,8 @@ $$sudo apt-get update -q
 $$sudo apt-get install -y -q --no-install-recommends $$missing
 endef
 
-.PHONY: build build-system run test test-unit test-vendored test-system test-fuzz test-valgrind bench \
+.PHONY: build build-system run test test-unit test-vendored test-system test-fuzz test-valgrind \
+        bench bench-compare \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-run deps-bench print-apt-packages
 
@@ -303,6 +307,11 @@ test-system: deps-test
 bench: deps-bench
 	$(MAKE) build
 	bench/run.sh
+
+# No limiter vs the article's Lua block vs this module, on Debian's nginx (about 12 minutes).
+bench-compare: deps-bench
+	$(MAKE) build-system
+	bench/compare.sh
 
 fmt:
 	$(CARGO) fmt --all

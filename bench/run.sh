@@ -24,6 +24,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+. "$ROOT/bench/lib.sh"
 NGINX=${NGINX:-$ROOT/build/nginx}
 MODULE=${MODULE:-$ROOT/build/ngx_http_ratelimit_module.so}
 THREADS=${THREADS:-2}
@@ -50,33 +51,15 @@ case "$ROUNDS$DURATION$WARMUP$THREADS$CONNS" in *[!0-9]*) die "ROUNDS, DURATION,
 tmp=$(mktemp -d /tmp/ngx-ratelimit-bench.XXXXXX)
 redis_pid=""
 cleanup() {
-    local pid
     if [ -s "$tmp/nginx.pid" ]; then
-        pid=$(cat "$tmp/nginx.pid")
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
+        stop_pid "$(cat "$tmp/nginx.pid")"
     fi
-    if [ -n "$redis_pid" ]; then
-        kill -TERM "$redis_pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do kill -0 "$redis_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$redis_pid" 2>/dev/null || true
-    fi
+    stop_pid "$redis_pid"
     rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {  # a free loopback port, not one of the arguments
-    local p
-    for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 30000))
-        case " $* " in *" $p "*) continue;; esac
-        port_in_use "$p" || { echo "$p"; return 0; }
-    done
-    die "no free loopback port found"
-}
 
 rport=$(free_port)
 nport=$(free_port "$rport")
