@@ -74,7 +74,7 @@ http_finish($_, 1) for @h;
 ok(stop_nginx(), 'nothing left to stop');
 my $log = error_log_text();
 unlike($log, qr/exited on signal/, 'no worker crashed');
-check_no_alerts($log, 'worker_shutdown_timeout', alert => 1);
+check_no_alerts($log, 'worker_shutdown_timeout');
 
 # 8. worker_connections exhausted: Redis connections cannot be opened.
 start_nginx(events => 'worker_connections 16;', %conf);
