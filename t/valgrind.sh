@@ -42,7 +42,7 @@ nginx="$DIR/nginx"
 # for build/nginx loads into the relinked binary.  Only ngx_palloc.o is recompiled, in
 # a copy of the objs/ directory of `make build`.
 if [ "${VALGRIND_PALLOC:-1}" = 1 ] && [ -z "${TEST_NGINX_BINARY:-}" ]; then
-    objs=$(cat "$ROOT/build/nginx-build-dir" 2>/dev/null || true)
+    objs=$(cat "$ROOT/target/release/nginx-build-dir" 2>/dev/null || true)
     src=$(sed -n 's/^"\([^"]*\)".*/\1/p' "$objs/last-build-info" 2>/dev/null || true)
     if [ -f "$objs/Makefile" ] && [ -f "$src/src/core/ngx_palloc.c" ] && cmp -s "$objs/nginx" "$bin"; then
         rm -rf "$DIR/objs"
