@@ -39,12 +39,12 @@ cp "$mod" "$DIR/ngx_http_ratelimit_module.so"
 nginx="$DIR/nginx"
 
 # NGX_DEBUG_PALLOC only changes ngx_palloc.c (no structure layout), so the module built
-# for build/nginx loads into the relinked binary.  Only ngx_palloc.o is recompiled, in
-# a copy of the objs/ directory of `make build`.
+# for build/nginx loads into the relinked binary. Only ngx_palloc.o is recompiled, in a copy of
+# the objs/ directory build/nginx was built in (its -V names it: --builddir).
 if [ "${VALGRIND_PALLOC:-1}" = 1 ] && [ -z "${TEST_NGINX_BINARY:-}" ]; then
-    objs=$(cat "$ROOT/target/release/nginx-build-dir" 2>/dev/null || true)
+    objs=$("$bin" -V 2>&1 | sed -n 's/.*--builddir=\([^ ]*\).*/\1/p')
     src=$(sed -n 's/^"\([^"]*\)".*/\1/p' "$objs/last-build-info" 2>/dev/null || true)
-    if [ -f "$objs/Makefile" ] && [ -f "$src/src/core/ngx_palloc.c" ] && cmp -s "$objs/nginx" "$bin"; then
+    if [ -f "$objs/Makefile" ] && [ -f "$src/src/core/ngx_palloc.c" ]; then
         rm -rf "$DIR/objs"
         cp -a "$objs" "$DIR/objs"
         sed -i "s#$objs#$DIR/objs#g" "$DIR/objs/Makefile"
