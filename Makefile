@@ -280,7 +280,7 @@ test-fuzz:
 
 # Every t/ suite once more with each nginx under valgrind memcheck; fails on any error record
 # with a frame of the module (t/valgrind-check.pl). Timing assertions may fail under valgrind and
-# are only reported. 2,000 instead of 100,000 distinct keys in 250-bad-input keeps it ~7 minutes.
+# are only reported. 2,000 instead of 100,000 distinct keys in 250-bad-input keeps it ~3 minutes.
 test-valgrind: deps-test
 	[ -x $(NGINX) ] && [ -f $(MODULE) ] || { echo "error: run make build first" >&2; exit 1; }
 	echo "==> t/valgrind.sh   (every suite under valgrind memcheck)"
