@@ -24,7 +24,7 @@ use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
-use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs, ZoneVerdict};
+use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What happened to a main request; read by the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +78,6 @@ pub struct Ctx {
     zones: Vec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
-    /// Under `ratelimit_fail local`: each zone's limit as this worker enforced it.
-    local_limits: Vec<u64>,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -282,7 +280,6 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         eval_retried: false,
         started: 0,
         zones: Vec::new(),
-        local_limits: Vec::new(),
         quota: None,
     }))?;
     let cln = ngx_http_cleanup_add(r, 0);
@@ -466,36 +463,29 @@ unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
 /// Per-worker entries of `ratelimit_fail local`; each costs its key plus about 80 bytes.
 const LOCAL_ENTRIES: usize = 100_000;
 
-/// `ratelimit_fail local`: this worker's share of each zone, from its own memory.
+/// `ratelimit_fail local`: this worker's share of each zone, from its own memory. The share
+/// becomes the zones' limit for this request, so headers and variables report what was enforced.
 unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Status {
     let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
+    for z in &mut ctx.zones {
+        z.limit = (z.limit / share).max(1);
+    }
     let zones: Vec<LocalZone<'_>> = ctx
         .zones
         .iter()
         .map(|z| LocalZone {
             zone: z.zone,
             key: z.value(),
-            limit: (z.limit / share).max(1),
+            limit: z.limit,
             window_ms: z.window_ms,
             cost: z.cost,
         })
         .collect();
     let mut local = mcf.local.borrow_mut();
     let local = local.get_or_insert_with(|| LocalLimiter::new(LOCAL_ENTRIES));
-    let verdicts = local.decide(&zones, ngx_current_msec as u64);
-    let allowed = verdicts.iter().all(|v| v.ok);
-    // The same choice of deciding zone as for Redis's answers.
-    let decision = Decision {
-        allowed,
-        zones: verdicts
-            .iter()
-            .map(|v| ZoneVerdict { ok: v.ok, remaining: v.remaining, reset_ms: v.retry_ms })
-            .collect(),
-    };
-    let i = decision.deciding_zone();
-    ctx.quota = Some((i, verdicts[i].remaining, verdicts[i].retry_ms));
-    ctx.local_limits = zones.iter().map(|z| z.limit).collect();
-    if allowed {
+    let d = local.decide(&zones, ngx_current_msec as u64);
+    record(ctx, &d);
+    if d.allowed {
         Status::PassedLocal
     } else {
         Status::RejectedLocal
@@ -570,15 +560,12 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         matches!(ctx.status, Status::Rejected | Status::RejectedCached | Status::RejectedLocal);
     if let Some((i, remaining, reset_ms)) = ctx.quota {
         let z = &ctx.zones[i];
-        // A local decision reports the worker's share, which is what it enforced.
-        let limit_of = |j: usize, z: &ZoneReq| ctx.local_limits.get(j).copied().unwrap_or(z.limit);
         let name = mcf.zones[z.zone].name.as_str();
-        let limit = limit_of(i, z);
-        let quota =
-            Quota { zone: name, limit, window_ms: z.window_ms, remaining, reset_ms, rejected };
-        let policies = ctx.zones.iter().enumerate().map(|(j, z)| Policy {
+        let (limit, window_ms) = (z.limit, z.window_ms);
+        let quota = Quota { zone: name, limit, window_ms, remaining, reset_ms, rejected };
+        let policies = ctx.zones.iter().map(|z| Policy {
             zone: &mcf.zones[z.zone].name,
-            limit: limit_of(j, z),
+            limit: z.limit,
             window_ms: z.window_ms,
         });
         if headers::format(lcf.headers(), &quota, policies, |name, value| {
@@ -593,10 +580,8 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
-                "ratelimit: limiting requests by zone \"{name}\", limit {} per {}ms, retry in {}ms",
-                limit,
-                z.window_ms,
-                reset_ms
+                "ratelimit: limiting requests by zone \"{name}\", limit {limit} per {window_ms}ms, \
+                 retry in {reset_ms}ms"
             );
         }
     }
@@ -636,6 +621,5 @@ unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static str, value: &[u8
 pub fn quota_figures<'a>(ctx: &Ctx, mcf: &'a MainConf) -> Option<(&'a str, u64, u64, u64)> {
     let (i, remaining, reset_ms) = ctx.quota?;
     let z = &ctx.zones[i];
-    let limit = ctx.local_limits.get(i).copied().unwrap_or(z.limit);
-    Some((&mcf.zones[z.zone].name, limit, remaining, headers::ceil_secs(reset_ms)))
+    Some((&mcf.zones[z.zone].name, z.limit, remaining, headers::ceil_secs(reset_ms)))
 }

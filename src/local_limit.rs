@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 
+use crate::script::{Decision, ZoneVerdict};
+
 /// One zone of a local decision.
 #[derive(Debug, Clone, Copy)]
 pub struct LocalZone<'a> {
@@ -14,15 +16,6 @@ pub struct LocalZone<'a> {
     pub limit: u64,
     pub window_ms: u64,
     pub cost: u64,
-}
-
-/// What a local decision says about one zone: whether it had room, the units left and, when
-/// it had none, the ms until this request's cost would fit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalVerdict {
-    pub ok: bool,
-    pub remaining: u64,
-    pub retry_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,24 +46,23 @@ impl LocalLimiter {
         LocalLimiter { counters: HashMap::new(), capacity: capacity.max(1) }
     }
 
-    /// Decides a request over `zones` at monotonic time `now_ms`, all or nothing, and returns
-    /// one verdict per zone; the request is admitted when every verdict is `ok`.
-    pub fn decide(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Vec<LocalVerdict> {
-        let verdicts: Vec<LocalVerdict> = zones.iter().map(|z| self.check(z, now_ms)).collect();
-        if verdicts.iter().all(|v| v.ok) {
-            for z in zones.iter().filter(|z| z.cost > 0) {
-                self.add(z, now_ms);
+    /// Decides a request over `zones` at monotonic time `now_ms`, all or nothing, with the same
+    /// verdicts a Redis decision has (`reset_ms` of a rejecting zone: when the cost would fit).
+    pub fn decide(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Decision {
+        let mut verdicts: Vec<ZoneVerdict> = zones.iter().map(|z| self.check(z, now_ms)).collect();
+        let allowed = verdicts.iter().all(|v| v.ok);
+        if allowed {
+            for (z, v) in zones.iter().zip(&mut verdicts) {
+                if z.cost > 0 {
+                    self.add(z, now_ms);
+                }
+                v.remaining -= z.cost;
             }
-            return zones
-                .iter()
-                .zip(&verdicts)
-                .map(|(z, v)| LocalVerdict { remaining: v.remaining - z.cost, ..*v })
-                .collect();
         }
-        verdicts
+        Decision { allowed, zones: verdicts }
     }
 
-    fn check(&self, z: &LocalZone<'_>, now_ms: u64) -> LocalVerdict {
+    fn check(&self, z: &LocalZone<'_>, now_ms: u64) -> ZoneVerdict {
         let (w, idx, elapsed) = (z.window_ms, now_ms / z.window_ms, now_ms % z.window_ms);
         let (cur, prev) =
             self.counters.get(&(z.zone, Box::<[u8]>::from(z.key))).map_or((0, 0), |c| c.at(idx));
@@ -79,7 +71,7 @@ impl LocalLimiter {
         let room = (z.limit as u128 * w as u128).saturating_sub(used);
         let remaining = (room / w as u128) as u64;
         if remaining >= z.cost {
-            return LocalVerdict { ok: true, remaining, retry_ms: 0 };
+            return ZoneVerdict { ok: true, remaining, reset_ms: 0 };
         }
         // When will prev * (w - e) + cur * w <= (limit - cost) * w hold, if nothing else comes?
         let target = (z.limit - z.cost.min(z.limit)) as u128 * w as u128;
@@ -92,7 +84,7 @@ impl LocalLimiter {
             let e = w as u128 - (target / cur.max(1) as u128).min(w as u128);
             w - elapsed + e as u64
         };
-        LocalVerdict { ok: false, remaining, retry_ms }
+        ZoneVerdict { ok: false, remaining, reset_ms: retry_ms }
     }
 
     fn add(&mut self, z: &LocalZone<'_>, now_ms: u64) {
@@ -125,19 +117,18 @@ mod tests {
         let mut l = LocalLimiter::new(100);
         let z = [zone(b"a", 3)];
         for left in [2, 1, 0] {
-            assert_eq!(
-                l.decide(&z, 100),
-                vec![LocalVerdict { ok: true, remaining: left, retry_ms: 0 }]
-            );
+            let d = l.decide(&z, 100);
+            assert!(d.allowed);
+            assert_eq!(d.zones, vec![ZoneVerdict { ok: true, remaining: left, reset_ms: 0 }]);
         }
-        let v = l.decide(&z, 200)[0];
+        let v = l.decide(&z, 200).zones[0];
         assert!(!v.ok);
         // 3 in window 0; in window 1 they weigh 3 * (1000 - e) / 1000 <= 2 once e >= 334.
-        assert_eq!(v.retry_ms, 800 + 334);
-        assert!(!l.decide(&z, 1333)[0].ok);
-        assert!(l.decide(&z, 1334)[0].ok);
+        assert_eq!(v.reset_ms, 800 + 334);
+        assert!(!l.decide(&z, 1333).zones[0].ok);
+        assert!(l.decide(&z, 1334).zones[0].ok);
         // Another key is untouched.
-        assert!(l.decide(&[zone(b"b", 3)], 1334)[0].ok);
+        assert!(l.decide(&[zone(b"b", 3)], 1334).zones[0].ok);
     }
 
     #[test]
@@ -145,23 +136,26 @@ mod tests {
         let mut l = LocalLimiter::new(100);
         let wide = LocalZone { zone: 1, ..zone(b"a", 100) };
         let both = [wide, zone(b"a", 1)];
-        assert!(l.decide(&both, 0).iter().all(|v| v.ok));
-        let v = l.decide(&both, 1);
+        assert!(l.decide(&both, 0).allowed);
+        let v = l.decide(&both, 1).zones;
         assert!(v[0].ok && !v[1].ok);
         // The rejected request was recorded in neither zone.
-        assert_eq!(l.decide(&[wide], 2)[0].remaining, 98);
+        assert_eq!(l.decide(&[wide], 2).zones[0].remaining, 98);
     }
 
     #[test]
     fn cost_and_gap() {
         let mut l = LocalLimiter::new(100);
         let z = [LocalZone { cost: 4, ..zone(b"a", 5) }];
-        assert_eq!(l.decide(&z, 0)[0].remaining, 1);
-        assert!(!l.decide(&z, 10)[0].ok);
+        assert_eq!(l.decide(&z, 0).zones[0].remaining, 1);
+        assert!(!l.decide(&z, 10).zones[0].ok);
         // Two windows later nothing counts any more.
-        assert_eq!(l.decide(&z, 2500)[0].remaining, 1);
+        assert_eq!(l.decide(&z, 2500).zones[0].remaining, 1);
         let read = [LocalZone { cost: 0, ..zone(b"a", 5) }];
-        assert_eq!(l.decide(&read, 2500)[0], LocalVerdict { ok: true, remaining: 1, retry_ms: 0 });
+        assert_eq!(
+            l.decide(&read, 2500).zones[0],
+            ZoneVerdict { ok: true, remaining: 1, reset_ms: 0 }
+        );
     }
 
     #[test]
