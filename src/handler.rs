@@ -16,7 +16,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 
-use crate::conf::{Clock, FailPolicy, LocConf, MainConf, Param};
+use crate::conf::{Clock, FailPolicy, LocConf, MainConf, Param, Zone};
 use crate::deny_cache::{Denial, DenyCache};
 use crate::headers::{self, Policy, Quota};
 use crate::key::Key;
@@ -84,16 +84,33 @@ pub struct Ctx {
 pub struct ZoneReq {
     /// Index into the main conf's zones.
     pub zone: usize,
+    /// Borrows the configuration and the request's pool, which both outlive the context.
+    key: Key<'static>,
     pub limit: u64,
     pub window_ms: u64,
     cost: u64,
-    /// The key's value, in the request's pool.
-    value: ngx_str_t,
 }
 
 impl ZoneReq {
     fn value(&self) -> &[u8] {
-        self.value.as_bytes()
+        self.key.value()
+    }
+
+    /// The key as the deny cache knows it: short values only.
+    fn cached_value(&self) -> Option<&[u8]> {
+        self.key.raw().filter(|v| v.len() <= DENY_CACHE_MAX_KEY)
+    }
+
+    fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
+        let (limit, window_ms, cost) = (self.limit, self.window_ms, self.cost);
+        ZoneArgs {
+            key: self.key,
+            algorithm: zone.algorithm,
+            limit,
+            window_ms,
+            cost,
+            burst: zone.burst,
+        }
     }
 }
 
@@ -130,7 +147,6 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
     ctx.started = ngx_current_msec;
 
-    let mut zone_args: Vec<ZoneArgs<'_>> = Vec::with_capacity(lcf.limits().len());
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
         let Some(value) = eval(r, zone.key) else { return NGX_ERROR as ngx_int_t };
@@ -163,17 +179,14 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             ctx.status = Status::Rejected;
             return apply(ctx, lcf, mcf);
         }
-        // SAFETY: the value was evaluated into the request's pool, which outlives the decision.
-        let bytes = core::slice::from_raw_parts(value.data, value.len);
-        zone_args.push(ZoneArgs {
-            key: Key::new(&redis.prefix, zone.name.as_bytes(), bytes),
-            algorithm: zone.algorithm,
-            limit: limit_n,
-            window_ms,
-            cost,
-            burst: zone.burst,
-        });
-        ctx.zones.push(ZoneReq { zone: limit.zone, limit: limit_n, window_ms, cost, value });
+        // SAFETY: the prefix and the zone name live in the configuration and the value in the
+        // request's pool; the context that keeps the key lives in that pool too.
+        let key = Key::new(
+            &*ptr::from_ref(redis.prefix.as_slice()),
+            &*ptr::from_ref(zone.name.as_bytes()),
+            core::slice::from_raw_parts(value.data, value.len),
+        );
+        ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost });
     }
     if ctx.zones.is_empty() {
         ctx.status = Status::Skipped;
@@ -189,7 +202,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let tp = ngx_timeofday();
         tp.sec as u64 * 1000 + tp.msec as u64
     });
-    ctx.args = EncodedArgs::new(&zone_args, now);
+    ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
     let sha = &mcf.script_sha;
@@ -242,7 +255,8 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let Some(cache) = cache.as_mut() else { return false };
     let now = ngx_current_msec as u64;
     for (i, z) in ctx.zones.iter().enumerate() {
-        if let Some(left) = cache.check(z.zone, z.value(), z.cost, z.limit, z.window_ms, now) {
+        let Some(value) = z.cached_value() else { continue };
+        if let Some(left) = cache.check(z.zone, value, z.cost, z.limit, z.window_ms, now) {
             if ctx.quota.is_none_or(|(_, _, longest)| left > longest) {
                 ctx.quota = Some((i, 0, left));
             }
@@ -260,10 +274,10 @@ fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
     let mut cache = mcf.deny_cache.borrow_mut();
     let cache = cache.get_or_insert_with(|| DenyCache::new(DENY_CACHE_ENTRIES));
     for (z, v) in ctx.zones.iter().zip(&d.zones) {
-        if !v.ok && z.value().len() <= DENY_CACHE_MAX_KEY {
+        if let Some(value) = z.cached_value().filter(|_| !v.ok) {
             let until_ms = ctx.started as u64 + v.reset_ms;
             let denial = Denial { until_ms, cost: z.cost, limit: z.limit, window_ms: z.window_ms };
-            cache.insert(z.zone, z.value(), denial);
+            cache.insert(z.zone, value, denial);
         }
     }
 }
@@ -412,7 +426,7 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             return record(ctx, &d);
         }
         Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
-            Failure::WrongType(wrong_type_keys(ctx, mcf))
+            Failure::WrongType(wrong_type_keys(ctx))
         }
         Ok(Err(e)) => Failure::Reply(e),
         Err(e) => Failure::Redis(e),
@@ -422,11 +436,9 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
 
 /// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
 /// whatever else was stored there.
-fn wrong_type_keys(ctx: &Ctx, mcf: &MainConf) -> String {
-    let prefix = mcf.redis.as_ref().map_or(&b""[..], |r| &r.prefix[..]);
+fn wrong_type_keys(ctx: &Ctx) -> String {
     let keys = ctx.zones.iter().map(|z| {
-        let key = Key::new(prefix, mcf.zones[z.zone].name.as_bytes(), z.value());
-        let bytes: Vec<u8> = key.parts().concat();
+        let bytes: Vec<u8> = z.key.parts().concat();
         format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
     });
     keys.collect::<Vec<_>>().join(", ")

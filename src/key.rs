@@ -31,11 +31,23 @@ impl<'a> Key<'a> {
 
     /// The key's bytes, in order.
     pub fn parts(&self) -> [&[u8]; 4] {
-        let value = match &self.value {
+        [self.prefix, self.zone, b":", self.value()]
+    }
+
+    /// The value as given, unless it was too long and replaced by its SHA-1.
+    pub fn raw(&self) -> Option<&[u8]> {
+        match &self.value {
+            Value::Raw(v) => Some(v),
+            Value::Hashed(_) => None,
+        }
+    }
+
+    /// The part that identifies the client: the value as given, or its SHA-1 when too long.
+    pub fn value(&self) -> &[u8] {
+        match &self.value {
             Value::Raw(v) => v,
             Value::Hashed(h) => &h[..],
-        };
-        [self.prefix, self.zone, b":", value]
+        }
     }
 }
 

@@ -95,13 +95,18 @@ pub struct EncodedArgs {
 }
 
 impl EncodedArgs {
-    /// `now_ms` is `None` for `clock=redis`: the script then reads Redis `TIME`.
-    pub fn new(zones: &[ZoneArgs<'_>], now_ms: Option<u64>) -> Self {
+    /// `now_ms` is `None` for `clock=redis`: the script then reads Redis `TIME`. The zones are
+    /// walked three times (size, keys, figures), so callers can build them on the fly.
+    pub fn new<'a>(
+        zones: impl ExactSizeIterator<Item = ZoneArgs<'a>> + Clone,
+        now_ms: Option<u64>,
+    ) -> Self {
+        let count = zones.len();
         let key_len = |z: &ZoneArgs<'_>| z.key.parts().iter().map(|p| p.len()).sum::<usize>();
         let mut bytes =
-            Vec::with_capacity(32 + zones.iter().map(|z| key_len(z) + 96).sum::<usize>());
-        resp::put_bulk_int(&mut bytes, zones.len() as u64);
-        for z in zones {
+            Vec::with_capacity(32 + zones.clone().map(|z| key_len(&z) + 96).sum::<usize>());
+        resp::put_bulk_int(&mut bytes, count as u64);
+        for z in zones.clone() {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
         match now_ms {
@@ -116,7 +121,7 @@ impl EncodedArgs {
             let burst = if z.algorithm == Algorithm::Gcra { z.burst } else { 0 };
             resp::put_bulk_int(&mut bytes, burst);
         }
-        EncodedArgs { bytes, count: 2 + zones.len() * (1 + ARGS_PER_ZONE) }
+        EncodedArgs { bytes, count: 2 + count * (1 + ARGS_PER_ZONE) }
     }
 
     /// Appends `EVALSHA sha <args>` to a connection's output buffer.
@@ -234,7 +239,7 @@ mod tests {
             zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingLog, 1),
             zone(Key::new(b"rl:", b"ip", b"10.0.0.1"), Algorithm::Gcra, 3),
         ];
-        let args = EncodedArgs::new(&zones, Some(1_700_000_000_123));
+        let args = EncodedArgs::new(zones.iter().copied(), Some(1_700_000_000_123));
         let packed = |verb: &str, script: &[u8]| {
             redis::cmd(verb)
                 .arg(script)
@@ -274,7 +279,7 @@ mod tests {
     fn redis_clock_sends_an_empty_now() {
         let zones = [zone(Key::new(b"", b"z", b"k"), Algorithm::SlidingCounter, 0)];
         let mut cmd = Vec::new();
-        EncodedArgs::new(&zones, None).write_evalsha(&mut cmd, &[b'0'; 40]);
+        EncodedArgs::new(zones.iter().copied(), None).write_evalsha(&mut cmd, &[b'0'; 40]);
         assert!(cmd.windows(6).any(|w| w == b"$0\r\n\r\n"));
     }
 
