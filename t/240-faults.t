@@ -80,7 +80,10 @@ check_no_alerts($log, 'worker_shutdown_timeout');
 start_nginx(events => 'worker_connections 16;', %conf);
 my @idle = map { RLTest::HTTP::connect_to(server_port()) } 1 .. 14;
 my $r = http_get('/t?k=c');
-ok(defined $r->{status} || $r->{error}, 'a request when connections run out gets an answer or is refused');
+# nginx frees idle client connections for new ones ("reusing connections"), so the request is
+# still answered, with a decision or by the fail policy.
+like(rl($r), qr/^(PASSED|FAILED_OPEN)$/, 'a request when connections run out is answered ('
+    . rl($r) . ')');
 close $_ for grep { defined } @idle;
 ok(wait_until(5, sub { rl(http_get('/t?k=c')) eq 'PASSED' }, 0.1), 'connections free again: decisions pass');
 ok(stop_nginx(), 'nginx quits gracefully');
