@@ -10,8 +10,8 @@ use ngx::ffi::{
     ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading, ngx_http_cleanup_add,
     ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_log_ctx_t, ngx_http_request_t,
     ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_list_push, ngx_msec_t,
-    ngx_pnalloc, ngx_str_t, ngx_table_elt_t, ngx_timeofday, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
-    NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
+    ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_table_elt_t, ngx_timeofday, NGX_AGAIN,
+    NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -58,7 +58,7 @@ impl Status {
     }
 }
 
-/// Per main request, in its pool. Found again after an internal redirect through the request's
+/// Per main request, in its pool. Found again after an internal redirect through the pool's
 /// cleanup list, because redirects wipe `r->ctx`.
 pub struct Ctx {
     r: *mut ngx_http_request_t,
@@ -296,12 +296,18 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         zones: Vec::new(),
         quota: None,
     }))?;
+    // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
+    // the pool's runs again (harmlessly) after the access log and anchors the context for
+    // `find_ctx`: `ngx_http_free_request` empties `r->cleanup` before the log phase.
     let cln = ngx_http_cleanup_add(r, 0);
-    if cln.is_null() {
+    let anchor = ngx_pool_cleanup_add((*r).pool, 0);
+    if cln.is_null() || anchor.is_null() {
         return None;
     }
     (*cln).handler = Some(cleanup);
     (*cln).data = ctx.as_ptr() as *mut c_void;
+    (*anchor).handler = Some(cleanup);
+    (*anchor).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     c.waiter.ev = &mut c.ev;
     c.ev.handler = Some(on_event);
@@ -319,7 +325,7 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     if let Some(ctx) = NonNull::new(*slot as *mut Ctx) {
         return Some(ctx);
     }
-    let mut cln = (*r).cleanup;
+    let mut cln = (*(*r).pool).cleanup;
     while !cln.is_null() {
         // Both sides name the same function of this crate, taken in this file.
         if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, cleanup as unsafe extern "C" fn(_))) {
@@ -332,7 +338,7 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 }
 
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
-/// once. The context itself stays readable for the access log.
+/// once. The context itself stays readable for the access log. Idempotent: it runs twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
     if let Some(token) = ctx.waiter.token.take() {

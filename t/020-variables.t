@@ -142,3 +142,46 @@ GET /u?k=a
 X-RL: []
 --- redis_check
 DBSIZE => 0
+
+
+
+=== TEST 8: the access log sees the decision after error_page to an internal location without ratelimit
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
+    log_format rl '$request_uri $status rl=[$ratelimit_status] zone=[$ratelimit_zone] rem=[$ratelimit_remaining]';
+--- config
+    access_log logs/access.log rl;
+    location /t { ratelimit api; error_page 429 /limited.html; }
+    location = /limited.html { internal; }
+--- user_files
+>>> limited.html
+slow down
+--- request eval
+["GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 429]
+--- response_body eval
+["ok\n", "slow down\n"]
+--- access_log eval
+[qr/^\/t\?k=a 200 rl=\[PASSED\] zone=\[api\] rem=\[0\]$/m, qr/^\/t\?k=a 429 rl=\[REJECTED\] zone=\[api\] rem=\[0\]$/m]
+
+
+
+=== TEST 9: the access log sees the decision after error_page to a named location with ratelimit off
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
+    log_format rl '$arg_k $status rl=[$ratelimit_status] zone=[$ratelimit_zone] rem=[$ratelimit_remaining]';
+--- config
+    access_log logs/access.log rl;
+    ratelimit api;
+    error_page 429 @lim;
+    location /t { }
+    location @lim { ratelimit off; return 429 "limited\n"; }
+--- request eval
+["GET /t?k=b", "GET /t?k=b"]
+--- error_code eval
+[200, 429]
+--- access_log eval
+[qr/^b 200 rl=\[PASSED\] zone=\[api\] rem=\[0\]$/m, qr/^b 429 rl=\[REJECTED\] zone=\[api\] rem=\[0\]$/m]
