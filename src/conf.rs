@@ -88,6 +88,14 @@ pub struct MainConf {
     pub deny_cache: RefCell<Option<DenyCache>>,
     /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
     pub local: RefCell<Option<LocalLimiter>>,
+    /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
+    pub local_size: Option<u64>,
+}
+
+impl MainConf {
+    pub fn local_size(&self) -> usize {
+        self.local_size.unwrap_or(16 << 20) as usize
+    }
 }
 
 impl Default for MainConf {
@@ -99,6 +107,7 @@ impl Default for MainConf {
             pool: Cell::new(ptr::null_mut()),
             deny_cache: RefCell::new(None),
             local: RefCell::new(None),
+            local_size: None,
         }
     }
 }

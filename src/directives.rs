@@ -17,7 +17,8 @@ use ngx::{ngx_conf_log_error, ngx_string};
 use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::headers::HeaderMode;
 use crate::params::{
-    parse_cost, parse_limit, parse_msec, parse_uint, parse_window, split_param, valid_zone_name,
+    parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
+    valid_zone_name,
 };
 use crate::redis::resp;
 use crate::script::Algorithm;
@@ -40,7 +41,7 @@ const fn command(
     }
 }
 
-pub static mut COMMANDS: [ngx_command_t; 10] = [
+pub static mut COMMANDS: [ngx_command_t; 11] = [
     command(
         ngx_string!("ratelimit_redis"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -88,6 +89,12 @@ pub static mut COMMANDS: [ngx_command_t; 10] = [
         LOC_CONTEXTS | NGX_CONF_TAKE1,
         cmd_fail_local_share,
         NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_fail_local_size"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        cmd_fail_local_size,
+        NGX_HTTP_MAIN_CONF_OFFSET,
     ),
     command(
         ngx_string!("ratelimit_deny_cache"),
@@ -493,4 +500,24 @@ unsafe extern "C" fn cmd_fail_local_share(
 ) -> *mut c_char {
     let lcf = &mut *(conf as *mut LocConf);
     set_number(cf, &mut lcf.fail_local_share, 1, 1_000_000)
+}
+
+unsafe extern "C" fn cmd_fail_local_size(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let mcf = &mut *(conf as *mut MainConf);
+    if mcf.local_size.is_some() {
+        return IS_DUPLICATE;
+    }
+    let value = text(&args(cf)[1]);
+    // Below 16k the table holds too few keys to be of use; above 1g it is surely a typo.
+    match parse_size(value).filter(|n| (16 << 10..=1 << 30).contains(n)) {
+        Some(n) => {
+            mcf.local_size = Some(n);
+            NGX_CONF_OK
+        }
+        None => invalid(cf, "size (16k..1g)", value),
+    }
 }

@@ -452,38 +452,47 @@ fn wrong_type_keys(ctx: &Ctx) -> String {
 
 /// Applies the fail policy; the reason is logged at most once a second per worker.
 unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
+    let mut no_room = false;
     ctx.status = match lcf.fail() {
         FailPolicy::Open => Status::FailedOpen,
         FailPolicy::Closed => Status::FailedClosed,
         // A bad limit or cost leaves nothing to enforce locally: closed, never unlimited.
         FailPolicy::Local if matches!(failure, Failure::BadValue(..)) => Status::FailedClosed,
-        FailPolicy::Local => decide_locally(ctx, lcf, mcf),
+        // A key that cannot be counted is refused: admitting it would leave it unlimited.
+        FailPolicy::Local => decide_locally(ctx, lcf, mcf).unwrap_or_else(|| {
+            no_room = true;
+            Status::FailedClosed
+        }),
     };
-    // Bad variable values have their own throttle: an outage must not hide them, nor they it.
+    // Bad variable values and a full local table have their own throttles: an outage must not
+    // hide them, nor they it.
     let last = match failure {
         Failure::BadValue(..) => ptr::addr_of_mut!(BAD_VALUE_LOG),
+        _ if no_room => ptr::addr_of_mut!(NO_ROOM_LOG),
         _ => ptr::addr_of_mut!(FAILURE_LOG),
     };
     if log_throttle(&mut *last) {
         let outcome = match ctx.status {
-            Status::FailedOpen => "passed",
-            Status::FailedClosed => "rejected",
-            _ => "decided by this worker alone",
+            _ if no_room => {
+                "rejected by ratelimit_fail local: no room for a new key in \
+                 ratelimit_fail_local_size"
+            }
+            Status::FailedOpen => "passed by ratelimit_fail",
+            Status::FailedClosed => "rejected by ratelimit_fail",
+            _ => "decided by this worker alone by ratelimit_fail",
         };
         ngx_log_error!(
             NGX_LOG_ERR,
             (*(*ctx.r).connection).log,
-            "ratelimit: {failure}, request {outcome} by ratelimit_fail"
+            "ratelimit: {failure}, request {outcome}"
         );
     }
 }
 
-/// Per-worker entries of `ratelimit_fail local`; each costs its key plus about 80 bytes.
-const LOCAL_ENTRIES: usize = 100_000;
-
 /// `ratelimit_fail local`: this worker's share of each zone, from its own memory. The share
 /// becomes the zones' limit for this request, so headers and variables report what was enforced.
-unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Status {
+/// `None` when a key is new and the table is full of counters that still count.
+unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option<Status> {
     let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
     for z in &mut ctx.zones {
         z.limit = (z.limit / share).max(1);
@@ -500,14 +509,10 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Status
         })
         .collect();
     let mut local = mcf.local.borrow_mut();
-    let local = local.get_or_insert_with(|| LocalLimiter::new(LOCAL_ENTRIES));
-    let d = local.decide(&zones, ngx_current_msec as u64);
+    let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
+    let d = local.decide(&zones, ngx_current_msec as u64)?;
     record(ctx, &d);
-    if d.allowed {
-        Status::PassedLocal
-    } else {
-        Status::RejectedLocal
-    }
+    Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
 }
 
 /// `worker_processes` of the running configuration: the default share of a zone per worker.
@@ -560,6 +565,7 @@ fn record(ctx: &mut Ctx, d: &Decision) {
 /// not become a flood of identical log lines.
 static mut FAILURE_LOG: ngx_msec_t = 0;
 static mut BAD_VALUE_LOG: ngx_msec_t = 0;
+static mut NO_ROOM_LOG: ngx_msec_t = 0;
 
 fn log_throttle(last: &mut ngx_msec_t) -> bool {
     let now = unsafe { ngx_current_msec };

@@ -21,6 +21,8 @@ pub struct LocalZone<'a> {
 #[derive(Debug, Clone, Copy, Default)]
 struct Counter {
     window: u64,
+    /// The window length it was last written with: liveness is per zone.
+    window_ms: u64,
     cur: u64,
     prev: u64,
 }
@@ -34,38 +36,96 @@ impl Counter {
             _ => (0, 0),
         }
     }
+
+    /// Whether the counter still weighs on a decision at `now_ms`.
+    fn live(self, now_ms: u64) -> bool {
+        self.window + 1 >= now_ms / self.window_ms
+    }
 }
+
+/// A (zone, key) pair as a fixed 20 bytes, whatever the key's length: the memory bound is in
+/// bytes, not in entries of the clients' choosing.
+type Id = [u8; 20];
+
+fn id(zone: usize, key: &[u8]) -> Id {
+    let mut h = sha1_smol::Sha1::new();
+    h.update(&zone.to_le_bytes());
+    h.update(key);
+    h.digest().bytes()
+}
+
+/// How often a full table looks for counters that no longer count: sweeping is O(entries), and a
+/// flood of new keys against a table full of live ones must not pay it per request.
+const SWEEP_EVERY_MS: u64 = 1000;
 
 pub struct LocalLimiter {
-    counters: HashMap<(usize, Box<[u8]>), Counter>,
+    counters: HashMap<Id, Counter>,
     capacity: usize,
+    last_sweep_ms: Option<u64>,
 }
 
+/// What one counter costs in the table: its id and counter, and the table's control byte.
+const ENTRY_BYTES: usize = size_of::<(Id, Counter)>() + 1;
+
 impl LocalLimiter {
-    pub fn new(capacity: usize) -> Self {
-        LocalLimiter { counters: HashMap::new(), capacity: capacity.max(1) }
+    /// A table that never takes more than `bytes` (beyond a few hundred bytes of fixed cost).
+    /// The std table allocates a power of two of buckets and fills at most 7/8 of them; the
+    /// largest such table within `bytes` is allocated once. It never grows as long as at most
+    /// half of that is used: removals leave tombstones, and a full table with tombstones is
+    /// rehashed in place only while half full, otherwise doubled.
+    pub fn with_memory(bytes: usize) -> Self {
+        let buckets = 1usize << (bytes / ENTRY_BYTES).max(16).ilog2();
+        let counters = HashMap::with_capacity(buckets / 8 * 7);
+        LocalLimiter { counters, capacity: buckets / 16 * 7, last_sweep_ms: None }
     }
 
     /// Decides a request over `zones` at monotonic time `now_ms`, all or nothing, with the same
     /// verdicts a Redis decision has (`reset_ms` of a rejecting zone: when the cost would fit).
-    pub fn decide(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Decision {
-        let mut verdicts: Vec<ZoneVerdict> = zones.iter().map(|z| self.check(z, now_ms)).collect();
+    /// `None` when the table is full of live counters and a zone's key is new: forgetting a live
+    /// counter would hand its key a fresh budget, so the new key cannot be tracked.
+    pub fn decide(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Option<Decision> {
+        let ids: Vec<Id> = zones.iter().map(|z| id(z.zone, z.key)).collect();
+        let mut verdicts: Vec<ZoneVerdict> =
+            zones.iter().zip(&ids).map(|(z, i)| self.check(z, i, now_ms)).collect();
         let allowed = verdicts.iter().all(|v| v.ok);
         if allowed {
-            for (z, v) in zones.iter().zip(&mut verdicts) {
+            let new = zones
+                .iter()
+                .zip(&ids)
+                .filter(|(z, i)| z.cost > 0 && !self.counters.contains_key(*i));
+            if !self.room_for(new.count(), now_ms) {
+                return None;
+            }
+            for ((z, i), v) in zones.iter().zip(&ids).zip(&mut verdicts) {
                 if z.cost > 0 {
-                    self.add(z, now_ms);
+                    let idx = now_ms / z.window_ms;
+                    let c = self.counters.entry(*i).or_default();
+                    let (cur, prev) = c.at(idx);
+                    *c = Counter { window: idx, window_ms: z.window_ms, cur: cur + z.cost, prev };
                 }
                 v.remaining -= z.cost;
             }
         }
-        Decision { allowed, zones: verdicts }
+        Some(Decision { allowed, zones: verdicts })
     }
 
-    fn check(&self, z: &LocalZone<'_>, now_ms: u64) -> ZoneVerdict {
+    /// Whether `new` more counters fit, after dropping those that no longer count if the table
+    /// is full (at most once per `SWEEP_EVERY_MS`).
+    fn room_for(&mut self, new: usize, now_ms: u64) -> bool {
+        if self.counters.len() + new <= self.capacity {
+            return true;
+        }
+        if self.last_sweep_ms.is_some_and(|t| now_ms < t + SWEEP_EVERY_MS) {
+            return false;
+        }
+        self.last_sweep_ms = Some(now_ms);
+        self.counters.retain(|_, c| c.live(now_ms));
+        self.counters.len() + new <= self.capacity
+    }
+
+    fn check(&self, z: &LocalZone<'_>, id: &Id, now_ms: u64) -> ZoneVerdict {
         let (w, idx, elapsed) = (z.window_ms, now_ms / z.window_ms, now_ms % z.window_ms);
-        let (cur, prev) =
-            self.counters.get(&(z.zone, Box::<[u8]>::from(z.key))).map_or((0, 0), |c| c.at(idx));
+        let (cur, prev) = self.counters.get(id).map_or((0, 0), |c| c.at(idx));
         // Scaled by the window so that the weighting stays in integers.
         let used = prev as u128 * (w - elapsed) as u128 + cur as u128 * w as u128;
         let room = (z.limit as u128 * w as u128).saturating_sub(used);
@@ -86,27 +146,17 @@ impl LocalLimiter {
         };
         ZoneVerdict { ok: false, remaining, reset_ms: retry_ms }
     }
-
-    fn add(&mut self, z: &LocalZone<'_>, now_ms: u64) {
-        let idx = now_ms / z.window_ms;
-        let key = (z.zone, Box::<[u8]>::from(z.key));
-        if !self.counters.contains_key(&key) && self.counters.len() >= self.capacity {
-            // Forget what no longer counts; if every key is live, start over rather than grow:
-            // an outage must not let a flood of keys exhaust the worker's memory.
-            self.counters.retain(|(_, _), c| c.window + 1 >= idx);
-            if self.counters.len() >= self.capacity {
-                self.counters.clear();
-            }
-        }
-        let c = self.counters.entry(key).or_default();
-        let (cur, prev) = c.at(idx);
-        *c = Counter { window: idx, cur: cur + z.cost, prev };
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl LocalLimiter {
+        fn d(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Decision {
+            self.decide(zones, now_ms).expect("room for the key")
+        }
+    }
 
     fn zone(key: &[u8], limit: u64) -> LocalZone<'_> {
         LocalZone { zone: 0, key, limit, window_ms: 1000, cost: 1 }
@@ -114,56 +164,95 @@ mod tests {
 
     #[test]
     fn admits_the_share_then_rejects_until_it_frees() {
-        let mut l = LocalLimiter::new(100);
+        let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
         let z = [zone(b"a", 3)];
         for left in [2, 1, 0] {
-            let d = l.decide(&z, 100);
+            let d = l.d(&z, 100);
             assert!(d.allowed);
             assert_eq!(d.zones, vec![ZoneVerdict { ok: true, remaining: left, reset_ms: 0 }]);
         }
-        let v = l.decide(&z, 200).zones[0];
+        let v = l.d(&z, 200).zones[0];
         assert!(!v.ok);
         // 3 in window 0; in window 1 they weigh 3 * (1000 - e) / 1000 <= 2 once e >= 334.
         assert_eq!(v.reset_ms, 800 + 334);
-        assert!(!l.decide(&z, 1333).zones[0].ok);
-        assert!(l.decide(&z, 1334).zones[0].ok);
+        assert!(!l.d(&z, 1333).zones[0].ok);
+        assert!(l.d(&z, 1334).zones[0].ok);
         // Another key is untouched.
-        assert!(l.decide(&[zone(b"b", 3)], 1334).zones[0].ok);
+        assert!(l.d(&[zone(b"b", 3)], 1334).zones[0].ok);
     }
 
     #[test]
     fn all_or_nothing() {
-        let mut l = LocalLimiter::new(100);
+        let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
         let wide = LocalZone { zone: 1, ..zone(b"a", 100) };
         let both = [wide, zone(b"a", 1)];
-        assert!(l.decide(&both, 0).allowed);
-        let v = l.decide(&both, 1).zones;
+        assert!(l.d(&both, 0).allowed);
+        let v = l.d(&both, 1).zones;
         assert!(v[0].ok && !v[1].ok);
         // The rejected request was recorded in neither zone.
-        assert_eq!(l.decide(&[wide], 2).zones[0].remaining, 98);
+        assert_eq!(l.d(&[wide], 2).zones[0].remaining, 98);
     }
 
     #[test]
     fn cost_and_gap() {
-        let mut l = LocalLimiter::new(100);
+        let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
         let z = [LocalZone { cost: 4, ..zone(b"a", 5) }];
-        assert_eq!(l.decide(&z, 0).zones[0].remaining, 1);
-        assert!(!l.decide(&z, 10).zones[0].ok);
+        assert_eq!(l.d(&z, 0).zones[0].remaining, 1);
+        assert!(!l.d(&z, 10).zones[0].ok);
         // Two windows later nothing counts any more.
-        assert_eq!(l.decide(&z, 2500).zones[0].remaining, 1);
+        assert_eq!(l.d(&z, 2500).zones[0].remaining, 1);
         let read = [LocalZone { cost: 0, ..zone(b"a", 5) }];
-        assert_eq!(
-            l.decide(&read, 2500).zones[0],
-            ZoneVerdict { ok: true, remaining: 1, reset_ms: 0 }
-        );
+        assert_eq!(l.d(&read, 2500).zones[0], ZoneVerdict { ok: true, remaining: 1, reset_ms: 0 });
     }
 
     #[test]
-    fn memory_is_bounded() {
-        let mut l = LocalLimiter::new(10);
-        for i in 0..1000u32 {
-            l.decide(&[zone(&i.to_le_bytes(), 5)], 0);
-            assert!(l.counters.len() <= 10);
+    fn memory_is_bounded_in_bytes_whatever_the_keys() {
+        let mut l = LocalLimiter::with_memory(64 << 10);
+        let buckets = l.counters.capacity();
+        assert!(buckets * ENTRY_BYTES <= 64 << 10, "{buckets} entries");
+        assert_eq!(l.capacity * 2, buckets);
+        let long = vec![b'k'; 4000];
+        for i in 0..10_000u32 {
+            let mut key = long.clone();
+            key.extend_from_slice(&i.to_le_bytes());
+            let _ = l.decide(&[zone(&key, 5)], u64::from(i) * 1000);
+            assert!(l.counters.len() <= l.capacity);
         }
+        // Tombstones lower what `capacity` reports; a doubled table would report more.
+        assert!(l.counters.capacity() <= buckets, "the table never grew");
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_resets_a_live_one() {
+        let mut l = LocalLimiter::with_memory(16 << 10);
+        let hour = LocalZone { window_ms: 3_600_000, ..zone(b"victim", 5) };
+        for _ in 0..5 {
+            assert!(l.d(&[hour], 0).allowed);
+        }
+        let mut refused = 0;
+        for i in 0..10_000u32 {
+            let z = LocalZone { key: &i.to_le_bytes(), ..hour };
+            match l.decide(&[z], 1 + u64::from(i)) {
+                Some(d) => assert!(d.allowed),
+                None => refused += 1,
+            }
+        }
+        assert_eq!(refused, 10_000 - (l.capacity - 1));
+        assert!(!l.d(&[hour], 20_000).allowed, "still at its limit within the hour");
+        // A key already counted is still decided, and refused new keys took nothing.
+        assert!(l.decide(&[LocalZone { key: b"newcomer", cost: 0, ..hour }], 20_000).is_some());
+    }
+
+    #[test]
+    fn dead_counters_make_room_again() {
+        let mut l = LocalLimiter::with_memory(16 << 10);
+        for i in 0..l.capacity as u32 {
+            assert!(l.d(&[zone(&i.to_le_bytes(), 5)], 0).allowed);
+        }
+        assert!(l.decide(&[zone(b"late", 5)], 10).is_none(), "full of live counters");
+        // Two windows later every counter is dead; the sweep runs at most once a second.
+        assert!(l.decide(&[zone(b"late", 5)], 500).is_none());
+        assert!(l.d(&[zone(b"late", 5)], 2_000).allowed);
+        assert_eq!(l.counters.len(), 1);
     }
 }

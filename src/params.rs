@@ -33,6 +33,17 @@ pub fn parse_msec(value: &str) -> Option<u64> {
     Some(total)
 }
 
+/// Parses an nginx size into bytes: `512`, `64k`, `8m`, `1g` (either case), as `ngx_parse_size`.
+pub fn parse_size(value: &str) -> Option<u64> {
+    let (digits, scale) = match value.as_bytes().last()? {
+        b'k' | b'K' => (&value[..value.len() - 1], 1 << 10),
+        b'm' | b'M' => (&value[..value.len() - 1], 1 << 20),
+        b'g' | b'G' => (&value[..value.len() - 1], 1 << 30),
+        _ => (value, 1),
+    };
+    parse_uint(digits, 0, u64::MAX)?.checked_mul(scale)
+}
+
 /// Parses a decimal integer within `min..=max`.
 pub fn parse_uint(value: &str, min: u64, max: u64) -> Option<u64> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
@@ -76,6 +87,17 @@ pub fn split_param(arg: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("64k"), Some(65_536));
+        assert_eq!(parse_size("8M"), Some(8 << 20));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        for bad in ["", "k", "1.5m", "-1", "1 m", "8mb", "99999999999999999999"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn times() {

@@ -33,6 +33,7 @@
 #                     zone, a zone then off, at one level; three arguments
 #   ratelimit_fail    foo; twice
 #   ratelimit_fail_local_share 0, abc
+#   ratelimit_fail_local_size 8k, 2g, 1.5m; twice; in server{}
 #   ratelimit_status  200, 600, abc; twice
 #   ratelimit_headers foo
 #   ratelimit_log_level foo (and debug, which nginx has but the module does
@@ -196,6 +197,16 @@ my @rows = (
         'ratelimit_fail_local_share', qr/"abc"/],
     ['ratelimit_fail twice', "$R\n$Z", "ratelimit_fail open;\nratelimit_fail closed; #<-",
         'ratelimit_fail', qr/is duplicate/],
+    ['ratelimit_fail_local_size 8k', "$R\n$Z\nratelimit_fail_local_size 8k; #<-", '',
+        'ratelimit_fail_local_size', qr/"8k"/],
+    ['ratelimit_fail_local_size 2g', "$R\n$Z\nratelimit_fail_local_size 2g; #<-", '',
+        'ratelimit_fail_local_size', qr/"2g"/],
+    ['ratelimit_fail_local_size 1.5m', "$R\n$Z\nratelimit_fail_local_size 1.5m; #<-", '',
+        'ratelimit_fail_local_size', qr/"1\.5m"/],
+    ['ratelimit_fail_local_size twice', "$R\n$Z\nratelimit_fail_local_size 1m;\nratelimit_fail_local_size 2m; #<-", '',
+        'ratelimit_fail_local_size', qr/is duplicate/],
+    ['ratelimit_fail_local_size in server{}', "$R\n$Z", "ratelimit_fail_local_size 1m; #<-",
+        'ratelimit_fail_local_size', qr/not allowed here/],
     ['ratelimit_status 200', "$R\n$Z", "ratelimit_status 200; #<-",
         'ratelimit_status', qr/"200"/],
     ['ratelimit_status 600', "$R\n$Z", "ratelimit_status 600; #<-",

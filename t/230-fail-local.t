@@ -48,4 +48,33 @@ ok(stop_nginx(), 'nginx quits gracefully');
 my $log = error_log_text();
 like($log, qr/request decided by this worker alone by ratelimit_fail/, 'the outage is logged');
 check_no_alerts($log, 'fail local', crit => 1);
+
+# A flood of new keys while Redis is down never resets a counted one (it used to clear every
+# counter once the table was full: a bypass any client could trigger). With room for 112 keys,
+# new keys beyond it are refused (503) while the counted ones keep their counts.
+stop_redis();
+start_nginx(http_config => <<'EOF', config => <<'EOF');
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT timeout=300ms fail_threshold=1 fail_backoff=1h;
+    ratelimit_zone hour key=$arg_k limit=5 window=1h;
+    ratelimit_fail local;
+    ratelimit_fail_local_size 16k;
+EOF
+    location /t {
+        ratelimit hour;
+        add_header X-RL "$ratelimit_status" always;
+    }
+EOF
+my @v = map { http_get('/t?k=victim')->{status} } 1 .. 6;
+is("@v", '200 200 200 200 200 429', 'the key spends its 5 per hour locally');
+my %flood;
+$flood{ http_get("/t?k=flood-$_")->{status} }++ for 1 .. 300;
+is($flood{200}, 111, 'new keys are counted while there is room (112 keys, one taken)');
+is($flood{503}, 189, 'then refused: no live counter is forgotten to make room');
+my $r = http_get('/t?k=victim');
+is($r->{status}, 429, 'the spent key is still at its limit after the flood');
+is(rl($r), 'REJECTED_LOCAL', 'rejected by its local counter');
+ok(stop_nginx(), 'nginx quits gracefully');
+like(error_log_text(), qr/request rejected by ratelimit_fail local: no room for a new key in ratelimit_fail_local_size/,
+    'the refusal is logged');
+check_no_alerts(error_log_text(), 'flood', crit => 1);
 done_testing();

@@ -408,4 +408,32 @@ cmp_ok($rss3 - $rss2, '<', 10 * 1024, 'and by less than 10 MB over the last 100,
 ok(stop_nginx(), 'nginx quits gracefully');
 check_no_alerts(error_log_text(), "$N keys");
 
+# ratelimit_fail local while Redis is down: distinct 4,000-byte keys cost the worker a slot of
+# fixed size each, within ratelimit_fail_local_size, not their length (this took 400 MB for
+# 100,000 keys when keys were stored whole).
+stop_redis();
+start_nginx(http_config => <<'EOF', config => <<'EOF', workers => 1);
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT timeout=200ms fail_threshold=1 fail_backoff=1h;
+    ratelimit_zone many key=$http_x_key limit=1 window=1h;
+    ratelimit_fail local;
+EOF
+    add_header X-RL $ratelimit_status always;
+    location /m { ratelimit many; try_files /t =500; }
+EOF
+my $L = $N < 20_000 ? $N : 20_000;
+my $pad = 'k' x 3990;
+get('/m', ['X-Key' => "warm-up-$_"]) for 1 .. 3;
+$rss0 = worker_rss_kb();
+($st, $rl, $err) = blast(map { sprintf '%s%08d', $pad, $_ } 1 .. $L);
+$rss1 = worker_rss_kb();
+is($err, 0, "$L keys of 4,000 bytes, Redis down: every request answered");
+is($rl->{PASSED_LOCAL} // 0, $L, 'each admitted by the local limiter') or diag(explain $rl);
+note(sprintf 'worker VmRSS: %d KiB before, %d after %d long keys decided locally',
+    $rss0, $rss1, $L);
+# The table is the default ratelimit_fail_local_size, 16m, touched all over by hashed keys.
+cmp_ok($rss1 - $rss0, '<', 30 * 1024,
+    sprintf 'worker RSS grew by less than 30 MB (the keys: %d MB)', 4 * $L / 1000);
+ok(stop_nginx(), 'nginx quits gracefully');
+check_no_alerts(error_log_text(), 'local keys', crit => 1);
+
 done_testing();
