@@ -23,7 +23,7 @@ use crate::key::Key;
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
-use crate::redis::pool::{RedisError, Waiter, WorkerPool};
+use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
 use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What happened to a main request; read by the variables.
@@ -205,8 +205,14 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
-    let sha = &mcf.script_sha;
-    match pool.submit(NonNull::from(&mut ctx.waiter), 0, |out| ctx.args.write_evalsha(out, sha)) {
+    // SAFETY: the arguments live in the context, which outlives the pending decision; the hash
+    // lives in the configuration, which outlives every request.
+    let cmd = Command {
+        args: NonNull::from(&ctx.args),
+        sha: &*ptr::from_ref(&mcf.script_sha),
+        reload: false,
+    };
+    match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
         Ok(token) => {
             ctx.waiter.token = Some(token);
             ngx_add_timer(&mut ctx.ev, redis.timeout);
@@ -356,18 +362,23 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
 unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     let ctx = &mut *ngx::ngx_container_of!(ev, Ctx, ev);
     let r = ctx.r;
+    let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
+        return;
+    };
     if (*ev).timedout() != 0 {
         (*ev).set_timedout(0);
-        if ctx.waiter.result.is_none() {
+        // The deadline met no reply, or a NOSCRIPT that would need a second round trip (the
+        // two can arrive in one event-loop iteration): either way the time is up.
+        if ctx.waiter.result.is_none() || noscript(ctx) {
             if let Some(token) = ctx.waiter.token.take() {
                 WorkerPool::cancel(token);
+            }
+            if let Some(pool) = WorkerPool::get(mcf) {
+                pool.timed_out();
             }
             ctx.waiter.result = Some(Err(RedisError::Timeout));
         }
     }
-    let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
-        return;
-    };
     if ctx.waiter.result.is_none() || resubmitted_as_eval(ctx, mcf) {
         return;
     }
@@ -394,22 +405,19 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
 /// Redis lost the script (restart, `SCRIPT FLUSH`): send it whole with `EVAL`, once, within the
 /// same deadline, preceded by `SCRIPT LOAD` so that the decisions after this one find it again.
 unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
-    let noscript = matches!(
-        &ctx.waiter.result,
-        Some(Ok(reply)) if script::decode_decision(reply, ctx.zones.len()) == Err(ReplyError::NoScript)
-    );
-    if !noscript || ctx.eval_retried {
+    if !noscript(ctx) || ctx.eval_retried {
         return false;
     }
     ctx.eval_retried = true;
     let Some(pool) = WorkerPool::get(mcf) else { return false };
     ctx.waiter.result = None;
-    let args = &ctx.args;
-    let body = script::SCRIPT.as_bytes();
-    match pool.submit(NonNull::from(&mut ctx.waiter), 1, |out| {
-        script::write_script_load(out, body);
-        args.write_eval(out, body);
-    }) {
+    // SAFETY: as in `start`.
+    let cmd = Command {
+        args: NonNull::from(&ctx.args),
+        sha: &*ptr::from_ref(&mcf.script_sha),
+        reload: true,
+    };
+    match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
         Ok(token) => {
             ctx.waiter.token = Some(token);
             true
@@ -419,6 +427,13 @@ unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
             false
         }
     }
+}
+
+fn noscript(ctx: &Ctx) -> bool {
+    matches!(
+        &ctx.waiter.result,
+        Some(Ok(reply)) if script::decode_decision(reply, ctx.zones.len()) == Err(ReplyError::NoScript)
+    )
 }
 
 /// Turns the waiter's result into the request's status.

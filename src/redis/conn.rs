@@ -1,22 +1,55 @@
 //! One Redis connection on nginx's event loop: connect, batched writes, incremental reads, and
 //! replies matched in order to the decisions waiting for them.
+//!
+//! Bounded whatever Redis does: decisions wait in `queued` (a pointer each, no bytes) until the
+//! previous write has left, at most `MAX_IN_FLIGHT` of them are on the wire, the output buffer
+//! stays near `OUT_HIGH`, and a decision whose request has given up before it was written is
+//! never sent. Every command must be answered within `timeout` of being written, the oldest
+//! first: a Redis that reads or answers too slowly loses the connection, which counts as a
+//! failure for the breaker.
 
 use core::ffi::{c_int, c_void};
 use core::ptr::{self, NonNull};
 use std::collections::VecDeque;
 
 use ngx::ffi::{
-    getsockopt, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle, ngx_del_timer,
-    ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer, ngx_event_t, ngx_exiting,
-    ngx_handle_read_event, ngx_handle_write_event, ngx_log_t, ngx_peer_connection_t,
-    ngx_post_event, ngx_posted_events, ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN,
-    NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
+    getsockopt, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec, ngx_cycle,
+    ngx_del_timer, ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer,
+    ngx_event_t, ngx_exiting, ngx_handle_read_event, ngx_handle_write_event, ngx_log_t,
+    ngx_msec_int_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event, ngx_posted_events,
+    ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
 
-use super::pool::{complete, RedisError, Token, Waiter, WorkerPool};
+use super::pool::{complete, Command, RedisError, Token, Waiter, WorkerPool};
 use super::resp;
 
 const READ_CHUNK: usize = 4096;
+/// Decisions written and not yet answered, per connection. Redis runs them one after another,
+/// so a deeper pipeline adds latency, not throughput; the rest wait in `queued`, where a request
+/// that gives up costs nothing.
+const MAX_IN_FLIGHT: usize = 512;
+/// Decisions per connection, queued and in flight: past this the pool answers `Overloaded`.
+pub const MAX_OUTSTANDING: usize = 4096;
+/// Queued decisions are written while the output buffer holds less than this.
+const OUT_HIGH: usize = 256 * 1024;
+/// Buffers grown past this by a burst are given back once empty.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+/// A decision not yet written.
+struct Queued {
+    seq: u64,
+    waiter: NonNull<Waiter>,
+    cmd: Command,
+}
+
+/// A command written and not yet answered.
+struct Sent {
+    /// When it was written: its reply is due `timeout` later.
+    at: ngx_msec_t,
+    /// Whether its reply goes to the oldest decision in flight, or is set-up to drop
+    /// (`AUTH`, `SCRIPT LOAD`).
+    decides: bool,
+}
 
 pub struct Conn {
     pool: *mut WorkerPool,
@@ -29,17 +62,21 @@ pub struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     inbuf: Vec<u8>,
-    /// One slot per command sent or queued, oldest first; `None` is a cancelled waiter.
-    slots: VecDeque<Option<NonNull<Waiter>>>,
-    /// Sequence number of `slots[0]`.
-    head_seq: u64,
+    queued: VecDeque<Queued>,
+    /// Decisions written, oldest first, by sequence number; `None` is a request that went away,
+    /// whose reply is read and dropped.
+    in_flight: VecDeque<(u64, Option<NonNull<Waiter>>)>,
+    /// Commands written, oldest first: one reply each.
+    sent: VecDeque<Sent>,
+    next_seq: u64,
     /// Posted by the first command of an event-loop iteration; writes the whole batch.
     flush_ev: ngx_event_t,
 }
 
 impl Conn {
-    pub fn in_flight(&self) -> usize {
-        self.slots.len()
+    /// Decisions this connection carries, queued or in flight.
+    pub fn load(&self) -> usize {
+        self.queued.len() + self.in_flight.len()
     }
 
     fn c(&self) -> *mut ngx_connection_t {
@@ -61,8 +98,10 @@ impl Conn {
                 out: Vec::with_capacity(READ_CHUNK),
                 out_pos: 0,
                 inbuf: Vec::with_capacity(READ_CHUNK),
-                slots: VecDeque::new(),
-                head_seq: 0,
+                queued: VecDeque::new(),
+                in_flight: VecDeque::new(),
+                sent: VecDeque::new(),
+                next_seq: 0,
                 flush_ev: core::mem::zeroed(),
             });
             if (*pool).breaker.failing() {
@@ -103,9 +142,10 @@ impl Conn {
             }
             if let Some(auth) = &conf.auth {
                 // First on the wire; its reply is checked by the pool like any other (a
-                // `WRONGPASS` counts as a failure) and then dropped.
+                // `WRONGPASS` counts as a failure) and then dropped. Its deadline runs from
+                // the connect, as it is written as soon as the connection is.
                 conn.out.extend_from_slice(auth);
-                conn.slots.push_back(None);
+                conn.sent.push_back(Sent { at: ngx_current_msec, decides: false });
                 ngx_add_timer((*c).read, conf.timeout);
             }
             if !conf.is_unix {
@@ -116,65 +156,105 @@ impl Conn {
         }
     }
 
+    /// Queues a decision; everything queued in one event-loop iteration goes out in one write.
+    ///
     /// # Safety
-    /// `this` is a live connection of the worker's pool.
-    pub unsafe fn push(
-        this: NonNull<Conn>,
-        waiter: NonNull<Waiter>,
-        discarded: usize,
-        write: impl FnOnce(&mut Vec<u8>),
-    ) -> Token {
+    /// `this` is a live connection of the worker's pool, and `cmd`'s arguments stay valid while
+    /// `waiter` is pending.
+    pub unsafe fn push(this: NonNull<Conn>, waiter: NonNull<Waiter>, cmd: Command) -> Token {
         let conn = &mut *this.as_ptr();
-        let was_idle = conn.slots.is_empty();
-        write(&mut conn.out);
-        conn.slots.extend(core::iter::repeat_n(None, discarded));
-        let seq = conn.head_seq + conn.slots.len() as u64;
-        conn.slots.push_back(Some(waiter));
-        let rev = (*conn.c()).read;
-        if was_idle {
-            // Leaving idle: the keepalive timer becomes the reply deadline.
+        if conn.load() == 0 && conn.sent.is_empty() {
+            // Leaving idle: the keepalive timer goes; the reply deadline is set on writing.
+            let rev = (*conn.c()).read;
             (*conn.c()).set_idle(0);
-            ngx_add_timer(rev, (*conn.pool).conf().timeout);
+            if (*rev).timer_set() != 0 {
+                ngx_del_timer(rev);
+            }
         }
+        let seq = conn.next_seq;
+        conn.next_seq += 1;
+        conn.queued.push_back(Queued { seq, waiter, cmd });
         ngx_post_event(&mut conn.flush_ev, ptr::addr_of_mut!(ngx_posted_events));
         Token { conn: this, seq }
     }
 
+    /// Detaches a waiter: a queued decision is dropped unsent, one in flight leaves a tombstone.
+    ///
     /// # Safety
     /// The token's waiter is pending, so its connection is alive.
     pub unsafe fn cancel(token: Token) {
         let conn = &mut *token.conn.as_ptr();
-        if let Some(slot) = conn.slots.get_mut((token.seq - conn.head_seq) as usize) {
-            *slot = None;
+        let seq = token.seq;
+        let i = conn.queued.partition_point(|q| q.seq < seq);
+        if conn.queued.get(i).is_some_and(|q| q.seq == seq) {
+            conn.queued.remove(i);
+            return;
+        }
+        let i = conn.in_flight.partition_point(|&(s, _)| s < seq);
+        if let Some(slot) = conn.in_flight.get_mut(i).filter(|(s, _)| *s == seq) {
+            slot.1 = None;
         }
     }
 
     /// Closes the connection and fails every decision still waiting on it. Nothing may touch
     /// `this` afterwards.
     pub fn close(this: NonNull<Conn>, why: RedisError, log: bool) {
-        // SAFETY: `this` was created by `connect` and is still owned by its pool.
+        // SAFETY: `this` was created by `connect` and is still owned by its pool, which is
+        // reached through the raw pointer only.
         unsafe {
             let conn = Box::from_raw(this.as_ptr());
-            let pool = &mut *conn.pool;
             if log {
-                pool.failed(&why);
+                (*conn.pool).failed(&why);
             }
-            pool.forget(this);
+            (*conn.pool).forget(this);
             if conn.flush_ev.posted() != 0 {
                 ngx_delete_posted_event(ptr::addr_of!(conn.flush_ev) as *mut _);
             }
             ngx_close_connection(conn.c());
-            for w in conn.slots.iter().flatten() {
-                complete(*w, Err(why.clone()));
+            let queued = conn.queued.iter().map(|q| q.waiter);
+            for w in conn.in_flight.iter().filter_map(|&(_, w)| w).chain(queued) {
+                complete(w, Err(why.clone()));
             }
         }
     }
 
-    /// Writes as much of the queued output as the socket takes.
+    /// Moves queued decisions into the output buffer while there is room on the wire.
+    fn fill(&mut self) {
+        // SAFETY: a worker's cached clock, read on its only thread.
+        let now = unsafe { ngx_current_msec };
+        while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
+            let Some(q) = self.queued.pop_front() else { break };
+            // SAFETY: the waiter is pending (a cancelled one left the queue), so its request
+            // and the arguments in its pool are alive.
+            let set_up = unsafe { q.cmd.write(&mut self.out) };
+            for _ in 0..set_up {
+                self.sent.push_back(Sent { at: now, decides: false });
+            }
+            self.sent.push_back(Sent { at: now, decides: true });
+            self.in_flight.push_back((q.seq, Some(q.waiter)));
+        }
+    }
+
+    /// Writes queued decisions and as much of the output as the socket takes.
     unsafe fn flush(this: NonNull<Conn>) {
         let conn = &mut *this.as_ptr();
+        if !conn.connected {
+            // on_write flushes once the connect is done.
+            return;
+        }
         let c = conn.c();
-        while conn.connected && conn.out_pos < conn.out.len() {
+        loop {
+            if conn.out_pos == conn.out.len() {
+                conn.out.clear();
+                conn.out_pos = 0;
+                if conn.out.capacity() > KEEP_CAPACITY {
+                    conn.out.shrink_to(READ_CHUNK);
+                }
+                conn.fill();
+                if conn.out.is_empty() {
+                    break;
+                }
+            }
             let rest = &conn.out[conn.out_pos..];
             let n = ((*c).send.expect("send"))(c, rest.as_ptr() as *mut u8, rest.len());
             if n > 0 {
@@ -186,25 +266,41 @@ impl Conn {
             }
         }
         let wev = (*c).write;
-        if conn.out_pos == conn.out.len() {
-            conn.out.clear();
-            conn.out_pos = 0;
-            if conn.connected && (*wev).timer_set() != 0 {
+        if conn.out.is_empty() {
+            if (*wev).timer_set() != 0 {
                 ngx_del_timer(wev);
             }
-        } else if conn.connected {
+        } else if (*wev).timer_set() == 0 {
+            // From the moment the socket stopped taking bytes, not re-armed by later flushes:
+            // a Redis that reads too slowly must not keep the deadline sliding.
             ngx_add_timer(wev, (*conn.pool).conf().timeout);
         }
+        conn.arm_reply_deadline();
         if ngx_handle_write_event(wev, 0) != NGX_OK as isize {
             Conn::close(this, RedisError::Io, true);
         }
+    }
+
+    /// The read timer: the oldest unanswered command's deadline.
+    unsafe fn arm_reply_deadline(&mut self) {
+        let Some(oldest) = self.sent.front() else { return };
+        let due = oldest.at.wrapping_add((*self.pool).conf().timeout);
+        let left = due.wrapping_sub(ngx_current_msec) as ngx_msec_int_t;
+        ngx_add_timer((*self.c()).read, left.max(1) as ngx_msec_t);
+    }
+
+    /// Whether the oldest unanswered command is past its deadline (the read timer may fire a
+    /// little early: nginx keeps an armed timer that is within 300 ms of a new one).
+    unsafe fn overdue(&self) -> bool {
+        self.sent
+            .front()
+            .is_some_and(|s| ngx_current_msec.wrapping_sub(s.at) >= (*self.pool).conf().timeout)
     }
 
     unsafe fn read(this: NonNull<Conn>) {
         let conn = &mut *this.as_ptr();
         let c = conn.c();
         let pool = &mut *conn.pool;
-        let mut progressed = false;
         let mut replace = false;
         // Read in rounds of at most one reply's worth, decoding between them: the socket is
         // edge-triggered, so it is read until EAGAIN, but never buffered without bound.
@@ -234,13 +330,16 @@ impl Conn {
                 match resp::decode(&conn.inbuf[pos..]) {
                     Ok(Some((reply, used))) => {
                         pos += used;
-                        let Some(slot) = conn.slots.pop_front() else {
+                        let late = conn.overdue();
+                        let Some(sent) = conn.sent.pop_front() else {
                             return Conn::close(this, RedisError::UnexpectedReply, true);
                         };
-                        conn.head_seq += 1;
-                        progressed = true;
-                        replace |= pool.replied(&reply);
-                        if let Some(w) = slot {
+                        replace |= pool.replied(&reply, late);
+                        if !sent.decides {
+                            continue;
+                        }
+                        let (_, waiter) = conn.in_flight.pop_front().expect("a decision per reply");
+                        if let Some(w) = waiter {
                             complete(w, Ok(reply));
                         }
                     }
@@ -253,9 +352,12 @@ impl Conn {
                 break eof;
             }
         };
+        if conn.inbuf.is_empty() && conn.inbuf.capacity() > KEEP_CAPACITY {
+            conn.inbuf.shrink_to(READ_CHUNK);
+        }
         if eof {
             // Redis closing an idle connection (its `timeout`, a restart) is no outage.
-            let busy = !conn.slots.is_empty();
+            let busy = !conn.sent.is_empty() || !conn.queued.is_empty();
             return Conn::close(this, RedisError::Closed, busy);
         }
         if replace {
@@ -263,15 +365,19 @@ impl Conn {
             return Conn::close(this, RedisError::Closed, false);
         }
         let rev = (*c).read;
-        if conn.slots.is_empty() {
+        if conn.sent.is_empty() && conn.queued.is_empty() {
             if ngx_exiting != 0 {
                 return Conn::close(this, RedisError::Closed, false);
             }
             // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too.
             (*c).set_idle(1);
             ngx_add_timer(rev, pool.conf().keepalive_timeout);
-        } else if progressed {
-            ngx_add_timer(rev, pool.conf().timeout);
+        } else {
+            conn.arm_reply_deadline();
+            if !conn.queued.is_empty() {
+                // Replies made room on the wire.
+                ngx_post_event(&mut conn.flush_ev, ptr::addr_of_mut!(ngx_posted_events));
+            }
         }
         if ngx_handle_read_event(rev, 0) != NGX_OK as isize {
             Conn::close(this, RedisError::Io, true);
@@ -319,8 +425,17 @@ unsafe extern "C" fn on_read(rev: *mut ngx_event_t) {
         return Conn::close(this, RedisError::Closed, false);
     }
     if (*rev).timedout() != 0 {
-        let busy = !conn.slots.is_empty();
-        return Conn::close(this, RedisError::Timeout, busy);
+        (*rev).set_timedout(0);
+        if conn.sent.is_empty() {
+            // The keepalive timer of an idle connection.
+            return Conn::close(this, RedisError::Closed, false);
+        }
+        if conn.overdue() {
+            // Not counted again: each decision that waited for it counted its own deadline.
+            return Conn::close(this, RedisError::Timeout, false);
+        }
+        (*this.as_ptr()).arm_reply_deadline();
+        return;
     }
     if !conn.connected {
         // Readable before writable means the connect failed; on_write reports it.

@@ -16,9 +16,10 @@ use ngx::ffi::{
 use ngx::ngx_log_error;
 
 use super::breaker::{self, Admit, Breaker, Transition};
-use super::conn::Conn;
+use super::conn::{Conn, MAX_OUTSTANDING};
 use super::resp::{ProtocolError, Reply};
 use crate::conf::{MainConf, RedisConf};
+use crate::script::{self, EncodedArgs};
 
 /// A new connection is opened only when every open one already carries this many decisions;
 /// below that, pipelining on few connections is cheaper for Redis and for the worker.
@@ -33,6 +34,8 @@ pub enum RedisError {
     Io,
     Protocol(ProtocolError),
     UnexpectedReply,
+    /// Every connection already carries as many decisions as it may: Redis does not keep up.
+    Overloaded,
     /// An error reply after which Redis cannot decide (`LOADING`, `BUSY`, `READONLY`, ...).
     Refused(String),
 }
@@ -47,6 +50,9 @@ impl fmt::Display for RedisError {
             RedisError::Io => f.write_str("i/o error"),
             RedisError::Protocol(e) => write!(f, "protocol error: {e}"),
             RedisError::UnexpectedReply => f.write_str("sent a reply to a command never sent"),
+            RedisError::Overloaded => {
+                write!(f, "does not keep up ({MAX_OUTSTANDING} decisions waiting per connection)")
+            }
             RedisError::Refused(msg) => write!(f, "replied \"{msg}\""),
         }
     }
@@ -58,6 +64,35 @@ pub struct Waiter {
     pub token: Option<Token>,
     /// Posted when `result` is set.
     pub ev: *mut ngx_event_t,
+}
+
+/// What a decision sends. The arguments live in the request's pool: they are read only while
+/// the decision's waiter is pending, and a cancelled decision is never written.
+#[derive(Clone, Copy)]
+pub struct Command {
+    pub args: NonNull<EncodedArgs>,
+    pub sha: &'static [u8; 40],
+    /// Redis lost the script: `SCRIPT LOAD` it for the decisions that follow, and `EVAL` this one.
+    pub reload: bool,
+}
+
+impl Command {
+    /// Appends the command's bytes; returns how many set-up replies precede the decision's.
+    ///
+    /// # Safety
+    /// The arguments are alive (the decision is pending).
+    pub(super) unsafe fn write(&self, out: &mut Vec<u8>) -> usize {
+        let args = self.args.as_ref();
+        if self.reload {
+            let body = script::SCRIPT.as_bytes();
+            script::write_script_load(out, body);
+            args.write_eval(out, body);
+            1
+        } else {
+            args.write_evalsha(out, self.sha);
+            0
+        }
+    }
 }
 
 /// Where a waiter's command sits: valid while the waiter is pending, because closing a
@@ -94,12 +129,15 @@ impl WorkerPool {
         if p.is_null() {
             return;
         }
-        // SAFETY: created by `get` with Box::into_raw, and nothing else references it now.
-        let pool = unsafe { Box::from_raw(p) };
-        while let Some(&conn) = pool.conns.last() {
-            Conn::close(conn, RedisError::Closed, false);
+        // SAFETY: created by `get` with Box::into_raw. Closing a connection reaches the pool
+        // through the connection's raw pointer, so the pool is owned again (and dropped) only
+        // once no connection is left to do so.
+        unsafe {
+            while let Some(&conn) = (*p).conns.last() {
+                Conn::close(conn, RedisError::Closed, false);
+            }
+            drop(Box::from_raw(p));
         }
-        drop(pool);
     }
 
     pub(super) fn conf(&self) -> &'static RedisConf {
@@ -107,18 +145,19 @@ impl WorkerPool {
         unsafe { &*self.conf }
     }
 
-    /// Queues commands for `waiter`; `write` appends their bytes. Only the last command's reply
-    /// goes to the waiter: the `discarded` ones before it are set-up whose replies are dropped.
-    /// Everything queued in one event-loop iteration goes out in one write.
-    pub fn submit(
+    /// Queues a decision for `waiter`. Everything queued in one event-loop iteration goes out
+    /// in one write.
+    ///
+    /// # Safety
+    /// `cmd`'s arguments stay valid while `waiter` is pending.
+    pub unsafe fn submit(
         &mut self,
         waiter: NonNull<Waiter>,
-        discarded: usize,
-        write: impl FnOnce(&mut Vec<u8>),
+        cmd: Command,
     ) -> Result<Token, RedisError> {
         let conn = self.pick()?;
         // SAFETY: `pick` returns a live connection of this pool.
-        Ok(unsafe { Conn::push(conn, waiter, discarded, write) })
+        Ok(Conn::push(conn, waiter, cmd))
     }
 
     fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
@@ -126,8 +165,9 @@ impl WorkerPool {
             return Err(RedisError::Unavailable);
         }
         // SAFETY: every pointer in `conns` is a live connection.
-        let least = self.conns.iter().copied().min_by_key(|c| unsafe { c.as_ref().in_flight() });
-        let busy = least.is_none_or(|c| unsafe { c.as_ref().in_flight() } >= SPILL_AT);
+        let load = |c: &NonNull<Conn>| unsafe { c.as_ref().load() };
+        let least = self.conns.iter().min_by_key(|c| load(c)).copied();
+        let busy = least.is_none_or(|c| load(&c) >= SPILL_AT);
         if busy && self.conns.len() < self.conf().pool_size {
             let self_ptr: *mut WorkerPool = self;
             match Conn::connect(self_ptr) {
@@ -143,7 +183,14 @@ impl WorkerPool {
                 }
             }
         }
-        least.ok_or(RedisError::Unavailable)
+        match least {
+            Some(c) if load(&c) >= MAX_OUTSTANDING => {
+                self.failed(&RedisError::Overloaded);
+                Err(RedisError::Overloaded)
+            }
+            Some(c) => Ok(c),
+            None => Err(RedisError::Unavailable),
+        }
     }
 
     /// Detaches a waiter from its slot; the reply, when it comes, is dropped.
@@ -154,6 +201,12 @@ impl WorkerPool {
 
     pub(super) fn forget(&mut self, conn: NonNull<Conn>) {
         self.conns.retain(|&c| c != conn);
+    }
+
+    /// A decision's deadline passed before Redis answered: a Redis too slow for the traffic
+    /// counts as failing, or the breaker would never spare requests the wait.
+    pub fn timed_out(&mut self) {
+        self.failed(&RedisError::Timeout);
     }
 
     /// A failure: the first of an outage is logged with its reason, and the breaker's
@@ -190,15 +243,19 @@ impl WorkerPool {
     }
 
     /// A reply: usable ones close the breaker, errors meaning Redis cannot serve count as
-    /// failures. Returns whether the connection should be replaced (`READONLY`: a replica after
-    /// a failover, whose address may lead to the new primary on a fresh connection).
-    pub(super) fn replied(&mut self, reply: &Reply) -> bool {
+    /// failures. A `late` one (past its deadline, its request long answered) proves nothing
+    /// either way. Returns whether the connection should be replaced (`READONLY`: a replica
+    /// after a failover, whose address may lead to the new primary on a fresh connection).
+    pub(super) fn replied(&mut self, reply: &Reply, late: bool) -> bool {
         if let Reply::Error(e) = reply {
             if breaker::unusable(e) {
                 let msg = String::from_utf8_lossy(e);
                 self.failed(&RedisError::Refused(msg.into_owned()));
                 return e.starts_with(b"READONLY");
             }
+        }
+        if late {
+            return false;
         }
         let was_failing = self.breaker.failing();
         self.breaker.success();

@@ -46,8 +46,10 @@ package RLTest::FakeRedis;
 #                       SCRIPT LOAD: the module's EVAL fallback meets
 #                       NOSCRIPT again
 #
-# Options: split_delay, close_after, oversized_chunk (see above) and
-# reply_delay (seconds to wait before each answer, default 0).
+# Options: split_delay, close_after, oversized_chunk (see above),
+# reply_delay (seconds to wait before each answer, default 0) and read_chunk
+# (bytes read at a time, default 65536: with a small one and a reply_delay,
+# the fake reads no faster than it answers, as a Redis that cannot keep up).
 #
 # Events are appended, one line each, to "$dir/events" (written with
 # O_APPEND by the accepting process and by each connection's process):
@@ -89,6 +91,7 @@ sub new {
         close_after => $o{close_after} // 3,
         oversized_chunk => $o{oversized_chunk} // 65536,
         reply_delay => $o{reply_delay} // 0,
+        read_chunk => $o{read_chunk} // 65536,
         reply => $o{reply} // $OK_REPLY,
         owner => $$,
     }, $class;
@@ -247,7 +250,7 @@ sub handle {
     }
     my $buf = '';
     while (1) {
-        my $r = sysread $c, my $chunk, 65536;
+        my $r = sysread $c, my $chunk, $self->{read_chunk};
         if (!$r) {
             $self->log_event("eof $n");
             return;
