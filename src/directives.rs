@@ -18,7 +18,7 @@ use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisCo
 use crate::headers::HeaderMode;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
-    valid_zone_name,
+    valid_zone_name, MAX_LOG_LIMIT,
 };
 use crate::redis::resp;
 use crate::script::Algorithm;
@@ -286,6 +286,18 @@ unsafe extern "C" fn cmd_zone(
             "\"burst=\" of \"ratelimit_zone\" directive \"{name}\" needs algorithm=gcra"
         );
         return NGX_CONF_ERROR as _;
+    }
+    if let (Algorithm::SlidingLog, Param::Fixed(n)) = (algorithm, limit) {
+        if n > MAX_LOG_LIMIT {
+            ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "limit={n} of \"ratelimit_zone\" directive \"{name}\" is more than \
+                 algorithm=sliding_log keeps ({MAX_LOG_LIMIT} entries per key), use \
+                 algorithm=sliding_counter or algorithm=gcra"
+            );
+            return NGX_CONF_ERROR as _;
+        }
     }
     mcf.zones.push(Zone {
         name: name.to_owned(),

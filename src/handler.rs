@@ -22,9 +22,9 @@ use crate::headers::{self, Policy, Quota};
 use crate::key::Key;
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
-use crate::params::{parse_cost, parse_limit, parse_window};
+use crate::params::{parse_cost, parse_limit, parse_log_limit, parse_window};
 use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
-use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What happened to a main request; read by the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,8 +154,11 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         if value.len == 0 {
             continue;
         }
+        // The exact log keeps an entry per unit: its limit, and so any cost, is bounded.
+        let limit_parser =
+            if zone.algorithm == Algorithm::SlidingLog { parse_log_limit } else { parse_limit };
         let figures = (
-            param(r, zone.limit, parse_limit, "limit"),
+            param(r, zone.limit, limit_parser, "limit"),
             param(r, zone.window, parse_window, "window"),
             param(r, limit.cost, parse_cost, "cost"),
         );

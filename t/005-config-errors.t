@@ -136,6 +136,8 @@ my @rows = (
         'ratelimit_zone', qr/"limit=abc"/],
     ['ratelimit_zone: limit=1000000001 (max 10^9)', zone('limit=1000000001 window=10s'), '',
         'ratelimit_zone', qr/"limit=1000000001"/],
+    ['ratelimit_zone: limit=100001 on a sliding_log (max 10^5)', zone('limit=100001 window=10s'), '',
+        'ratelimit_zone', qr/limit=100001 .*sliding_log keeps \(100000/],
     ['ratelimit_zone: limit=10r/s (limit_req syntax)', zone('limit=10r/s window=10s'), '',
         'ratelimit_zone', qr{"limit=10r/s"}],
     ['ratelimit_zone: window=0', zone('limit=2 window=0'), '',

@@ -23,7 +23,7 @@ start_nginx(workers => 1, main_config => "worker_rlimit_nofile 4096;",
     http_config => <<"EOF", config => <<'EOF');
     large_client_header_buffers 4 8k;
     ratelimit_redis 127.0.0.1:$port timeout=1s pool_size=1 fail_backoff=2s;
-    ratelimit_zone api key=\$http_x_key limit=1000000 window=1m clock=nginx;
+    ratelimit_zone api key=\$http_x_key limit=100000 window=1m clock=nginx;
 EOF
     location /t { ratelimit api; add_header X-RL $ratelimit_status always; }
     location /u { add_header X-RL none always; }

@@ -222,8 +222,9 @@ for my $tail ("A", "B") {
 
 # --- hostile values for a variable limit, window or cost ---------------------
 # Each is refused (ratelimit_fail closed: 503, FAILED_CLOSED), nothing is
-# written to Redis, and the log line quotes the value escaped.  (nginx trims
-# spaces around a header value, so " 2" cannot be sent as one.)
+# written to Redis (100001: past what a sliding_log zone keeps), and the log
+# line quotes the value escaped.  (nginx trims spaces around a header value,
+# so " 2" cannot be sent as one.)
 {
     my %before = map { $_ => 1 } all_keys();
     # First: failure lines are logged at most once a second per worker.
@@ -231,7 +232,7 @@ for my $tail ("A", "B") {
     is($r->{status} . ' ' . rl($r), '503 FAILED_CLOSED', 'a limit with CR LF: refused');
     my @bad = (
         [limit => '+2'], [limit => '0x10'], [limit => '1e3'],
-        [limit => '-1'], [limit => '0'], [limit => '1000000001'],
+        [limit => '-1'], [limit => '0'], [limit => '1000000001'], [limit => '100001'],
         [limit => '99999999999999999999999'], [limit => "\xff"], [limit => "\xef\xbc\x92"],
         [limit => "2\t"], [window => '10x'], [window => '0'], [window => '1y 1s'],
         [window => "\xff"], [window => '18446744073709551616'], [cost => '+1'], [cost => '-0'],
