@@ -7,12 +7,7 @@ use crate::redis::resp::{self, Reply};
 /// The decision script: the algorithms, then the driver that runs them over a location's zones.
 /// The files in `lua/` are the single source of truth; tests that run the script directly
 /// (`t/lib/RLTest/Script.pm`) read this list to assemble it the same way.
-pub const SCRIPT: &str = concat!(
-    include_str!("../lua/sliding_log.lua"),
-    include_str!("../lua/sliding_counter.lua"),
-    include_str!("../lua/gcra.lua"),
-    include_str!("../lua/decide.lua"),
-);
+pub const SCRIPT: &str = concat!(include_str!("../lua/decide.lua"));
 
 /// Hex SHA-1 of a script body, as `EVALSHA` expects it.
 pub fn sha1_hex(body: &[u8]) -> [u8; 40] {
