@@ -110,10 +110,13 @@ pub fn split_batch(reply: Reply, n: usize) -> Result<Vec<Reply>, Reply> {
     }
 }
 
-/// How a zone counts; each algorithm is one file in `lua/`.
+/// How a zone counts; each algorithm is a section of `lua/decide.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     SlidingLog,
+    /// The same exact log stored as one string: fewer commands and less memory per entry, but
+    /// every admission rewrites the string, so only for small limits (README, Memory).
+    SlidingLogPacked,
     SlidingCounter,
     Gcra,
 }
@@ -122,6 +125,7 @@ impl Algorithm {
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "sliding_log" => Some(Algorithm::SlidingLog),
+            "sliding_log_packed" => Some(Algorithm::SlidingLogPacked),
             "sliding_counter" => Some(Algorithm::SlidingCounter),
             "gcra" => Some(Algorithm::Gcra),
             _ => None,
@@ -132,6 +136,7 @@ impl Algorithm {
     fn code(self) -> &'static [u8] {
         match self {
             Algorithm::SlidingLog => b"l",
+            Algorithm::SlidingLogPacked => b"p",
             Algorithm::SlidingCounter => b"c",
             Algorithm::Gcra => b"g",
         }
@@ -142,7 +147,9 @@ impl Algorithm {
     pub fn capacity(self, limit: u64, burst: u64) -> u64 {
         match self {
             Algorithm::Gcra => burst,
-            Algorithm::SlidingLog | Algorithm::SlidingCounter => limit,
+            Algorithm::SlidingLog | Algorithm::SlidingLogPacked | Algorithm::SlidingCounter => {
+                limit
+            }
         }
     }
 }
@@ -447,6 +454,8 @@ mod tests {
         assert_eq!(Algorithm::parse("gcra"), Some(Algorithm::Gcra));
         assert_eq!(Algorithm::parse("sliding_counter"), Some(Algorithm::SlidingCounter));
         assert_eq!(Algorithm::parse("sliding_log"), Some(Algorithm::SlidingLog));
+        assert_eq!(Algorithm::parse("sliding_log_packed"), Some(Algorithm::SlidingLogPacked));
+        assert_eq!(Algorithm::SlidingLogPacked.capacity(100, 5), 100);
         assert_eq!(Algorithm::parse("log"), None);
         assert_eq!(Algorithm::Gcra.capacity(100, 5), 5);
         assert_eq!(Algorithm::SlidingLog.capacity(100, 5), 100);

@@ -4,7 +4,9 @@
 # every algorithm, plan changes, clocks that jump, stand still and run behind,
 # batches of 1-64.  Both run in the same Redis call on their own copy of the
 # keys ("o:" and "n:"), so that they see the same clock, and every reply and
-# the whole state after each call must be identical.
+# the whole state after each call must be identical.  The same again with
+# every sliding_log zone sent to the new script as sliding_log_packed: the same
+# replies, and the same entries (scores) in the same order.
 #
 # The call is a test wrapper around the two texts, unchanged, each as a Lua
 # function whose `redis` is a proxy: TIME answers the test's clock, and the TTL
@@ -67,6 +69,10 @@ while a <= #argv do
   local nz, dk, dv = tonumber(argv[a]), {}, {}
   for i = 1, nz do dk[i] = 'o:' .. KEYS[k + i] end
   for i = a + 1, a + 1 + 5 * nz do dv[#dv + 1] = argv[i] end
+  -- The packed log answers for the old log.
+  for z = 1, nz do
+    if dv[2 + 5 * (z - 1)] == 'p' then dv[2 + 5 * (z - 1)] = 'l' end
+  end
   olds[#olds + 1] = run(old_decide, dk, dv)
   a, k = a + 2 + 5 * nz, k + nz
 end
@@ -97,14 +103,14 @@ sub rand_cost {
 }
 
 sub rand_decision {
-    my ($now) = @_;
+    my ($now, $packed) = @_;
     my $nz = rand() < 0.5 ? 1 : 2 + int rand 2;
     my %seen;
     my @z = grep { !$seen{$_->{key}}++ } map { $pool[int rand @pool] } 1 .. $nz;
     my @argv = ($now);
     for my $z (@z) {
         my $limit = rand() < 0.1 ? 1 + int rand 25 : $z->{limit};    # a plan change
-        push @argv, $z->{alg}, $limit, $z->{window}, rand_cost(),
+        push @argv, $packed && $z->{alg} eq 'l' ? 'p' : $z->{alg}, $limit, $z->{window}, rand_cost(),
             $z->{alg} eq 'g' ? $z->{burst} : 0;
     }
     return [[map { $_->{key} } @z], @argv];
@@ -113,9 +119,10 @@ sub rand_decision {
 sub show { RLTest::Redis::format_reply($_[0]) }
 
 # Each key of the pool in both copies, for comparison: type and content (sorted-set
-# members only when $members).
+# members only when $members).  With $packed, a log is its scores, whether a sorted
+# set or packed.
 sub state_of {
-    my ($prefix, $members) = @_;
+    my ($prefix, $members, $packed) = @_;
     my @out;
     for my $p (@pool) {
         my $k = "$prefix$p->{key}";
@@ -124,17 +131,23 @@ sub state_of {
         if ($type eq 'zset') {
             my $e = redis_cmd('ZRANGE', $k, 0, -1, 'WITHSCORES');
             $v = join ',', map { $members ? "$e->[2*$_]\@$e->[2*$_+1]" : $e->[2*$_+1] } 0 .. $#$e / 2;
+        } elsif ($type eq 'string' && $packed && $p->{alg} eq 'l') {
+            my $s = redis_cmd('GET', $k);
+            $v = join ',', map { unpack 'Q<', substr($s, 6 * $_, 6) . "\0\0" } 0 .. length($s) / 6 - 1;
         } elsif ($type eq 'string') {
             $v = unpack 'H*', redis_cmd('GET', $k);
         }
+        $type = 'log' if $packed && $p->{alg} eq 'l';
         push @out, "$p->{key}=$type:$v";
     }
     return join "\n", @out;
 }
 
-# $redis_clock: the share of decisions that read (the fake) Redis TIME.
+# $redis_clock: the share of decisions that read (the fake) Redis TIME; $packed: the new
+# script's log zones are packed.
 sub run_calls {
-    my ($name, $calls, $redis_clock) = @_;
+    my ($name, $calls, $redis_clock, $packed) = @_;
+    redis_cmd('FLUSHALL');
     my ($decisions, $bad_replies, $bad_state, $rejections) = (0, 0, 0, 0);
     my %n_by_size;
     my $now = 1_700_000_000_000;
@@ -148,7 +161,7 @@ sub run_calls {
         my @batch = map {
             my $t = rand() < $redis_clock ? ''
                 : $now - (rand() < 0.1 ? int rand 30 : 0);    # a gateway behind the others
-            rand_decision($t);
+            rand_decision($t, $packed);
         } 1 .. $n;
         my ($keys, @argv) = batch_argv(@batch);
         my $res = redis_cmd('EVALSHA', $wsha, scalar @$keys, @$keys,
@@ -164,7 +177,8 @@ sub run_calls {
             $bad_replies++;
             diag("$name call $call decision $i of $n: old [$o] new [$w]") if $bad_replies <= 5;
         }
-        my ($so, $sn) = (state_of('o:', !$redis_clock), state_of('n:', !$redis_clock));
+        my ($so, $sn) = (state_of('o:', !$redis_clock && !$packed, $packed),
+            state_of('n:', !$redis_clock && !$packed, $packed));
         my ($to, $tn) = ("@$old_ttl", "@$new_ttl");
         if ($so ne $sn || $to ne $tn) {
             $bad_state++;
@@ -183,5 +197,7 @@ sub run_calls {
 run_calls('gateway clock', 250, 0);
 run_calls('mixed clocks', 250, 0.5);
 run_calls('redis clock', 150, 1);
+run_calls('packed log, gateway clock', 200, 0, 1);
+run_calls('packed log, mixed clocks', 200, 0.5, 1);
 
 done_testing();
