@@ -64,8 +64,16 @@ local ZADD_CHUNK = 256
 -- (enough until the year 10889).
 local PACKED_FORMAT, PACKED_LEN = '<I6', 6
 
--- How many of the packed entries from..to-1 (0-based) of `v` are at most `t`: they are sorted.
+-- The index (0-based) of the first of the packed entries from..to-1 of `v` that is newer than
+-- `t`, or `to`: they are sorted. Most often none has left the window and the new entries go
+-- last, so the ends are looked at first.
 local function packed_upto(v, from, to, t)
+  if from == to or unpack_struct(PACKED_FORMAT, v, from * PACKED_LEN + 1) > t then
+    return from
+  end
+  if unpack_struct(PACKED_FORMAT, v, (to - 1) * PACKED_LEN + 1) <= t then
+    return to
+  end
   while from < to do
     local mid = floor((from + to) / 2)
     if unpack_struct(PACKED_FORMAT, v, mid * PACKED_LEN + 1) <= t then
