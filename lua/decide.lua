@@ -4,7 +4,7 @@
 -- each had been its own call (with clock=redis they share one TIME).
 --
 -- The whole script is one flat function body: Redis runs the body on every call, so it holds no
--- per-algorithm tables or closures to rebuild, only the call's scratch tables and one helper.
+-- per-algorithm tables or closures to rebuild, only the call's scratch tables and two helpers.
 --
 -- KEYS                   the zone keys of decision 1, then those of decision 2, ...
 -- ARGV, per decision:    zones n, now in ms (or "" to read Redis TIME: one clock for every
