@@ -110,7 +110,7 @@ VARIANTS = [
 ]
 # Keys and entries per key such that the warm-up and the run (70,000 decisions over the keys)
 # stay under the limit: about half full.
-LIMITS = [(10, 10_000, 2), (100, 10_000, 50), (1000, 1000, 500), (10_000, 100, 5000)]
+LIMITS = [(10, 50_000, 2), (100, 10_000, 50), (1000, 1000, 500), (10_000, 100, 5000)]
 BY_LIMIT = [by_limit(alg, *lim) for lim in LIMITS for alg in ("l", "p")]
 
 
