@@ -87,7 +87,8 @@ end
 
 -- Per-zone state from the check to the commit and report, by zone index within a decision:
 --   sliding_log      s1 used, s2 oldest score (nil: not read; the set may be empty)
---   sliding_log_packed  s1 used, s2 entries that have left the window, s3 the string
+--   sliding_log_packed  s1 used, s2 oldest score, s3 entries that have left the window,
+--                    s4 the string
 --   sliding_counter  s1 current, s2 previous, s3 window index, s4 elapsed in it,
 --                    s5 previous count weighted into the rolling window, rounded up
 --   gcra             s1 ms, s2 r (the TAT), s3 ms, s4 r (the TAT after this request)
@@ -132,7 +133,20 @@ while a <= #ARGV do
         result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
         break
       end
-      local ok
+      local ok, v
+      if alg ~= 'l' then
+        -- The other algorithms keep one string per key, of a length that tells it is theirs.
+        v = pcall_redis('GET', key)
+        if type(v) == 'table' then
+          result = v
+          break
+        end
+        if v and not (alg == 'c' and #v == COUNTER_LEN or alg == 'g' and #v == GCRA_LEN
+            or alg == 'p' and #v % PACKED_LEN == 0) then
+          result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
+          break
+        end
+      end
       if alg == 'l' then
         -- Sliding-window log: one sorted-set entry per admitted unit, scored by its ms. An entry
         -- scored s counts while now < s + window. Reading the two oldest first says whether
@@ -159,35 +173,19 @@ while a <= #ARGV do
       elseif alg == 'p' then
         -- The same log packed: GET and SET instead of four commands, 6 bytes per entry, but
         -- each admission rewrites the string, a cost that grows with the limit.
-        local v = pcall_redis('GET', key)
-        if type(v) == 'table' then
-          result = v
-          break
-        end
         v = v or ''
-        if #v % PACKED_LEN ~= 0 then
-          result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
-          break
-        end
         local n = #v / PACKED_LEN
         local gone = packed_upto(v, 0, n, now - w)
-        s1[i], s2[i], s3[i] = n - gone, gone, v
-        ok = n - gone + cost <= limit
+        local used = n - gone
+        s1[i], s2[i], s3[i], s4[i] = used, used > 0 and unpack_struct(PACKED_FORMAT, v,
+          gone * PACKED_LEN + 1) or nil, gone, v
+        ok = used + cost <= limit
       elseif alg == 'c' then
         -- Sliding-window counter: the count of the current fixed window plus the previous
         -- window's count weighted by how much of it the rolling window still covers.
         local idx = floor(now / w)
         local elapsed, cur, prev = now - idx * w, 0, 0
-        local v = pcall_redis('GET', key)
-        if type(v) == 'table' then
-          result = v
-          break
-        end
         if v then
-          if #v ~= COUNTER_LEN then
-            result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
-            break
-          end
           local st, c, pv = unpack_struct(COUNTER_FORMAT, v)
           local age = (idx - st) % 256
           if age == 0 then
@@ -208,16 +206,7 @@ while a <= #ARGV do
       else
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
         local ms, r = now, 0
-        local v = pcall_redis('GET', key)
-        if type(v) == 'table' then
-          result = v
-          break
-        end
         if v then
-          if #v ~= GCRA_LEN then
-            result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
-            break
-          end
           ms, r = unpack_struct(GCRA_FORMAT, v)
           -- r counts 1/limit ms of the limit it was stored with; after a lower limit (a plan
           -- change through a variable) it may not fit: round up to the next ms, < 1 ms late.
@@ -255,9 +244,9 @@ while a <= #ARGV do
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       local ok, commit = zone_ok[i], allowed == 1 and cost > 0
       local remaining, reset
-      if alg == 'l' then
-        local used, oldest = s1[i], s2[i]
-        if commit then
+      if alg == 'l' or alg == 'p' then
+        local used, oldest, gone, v = s1[i], s2[i], s3[i], s4[i]
+        if commit and alg == 'l' then
           -- Members are integers (compact listpack entries), unique thanks to ZADD NX: the
           -- decision's clock in µs plus one per further unit. A gateway clock is a whole ms
           -- shared by every request of that ms: the count (which only grows within one ms)
@@ -294,6 +283,22 @@ while a <= #ARGV do
           if not gateway_clock then
             seq = m - time_us
           end
+        elseif commit then
+          -- After the entries not newer than now: the last ones, unless a gateway clock runs
+          -- behind the others.
+          local at = packed_upto(v, gone, gone + used, now)
+          call('SET', key, string.sub(v, gone * PACKED_LEN + 1, at * PACKED_LEN)
+            .. string.rep(pack(PACKED_FORMAT, now), cost) .. string.sub(v, at * PACKED_LEN + 1),
+            'PX', w)
+        elseif alg == 'p' and gone > 0 then
+          -- As the log prunes: what has left the window goes, even on a rejection, the TTL stays.
+          if used == 0 then
+            call('DEL', key)
+          else
+            call('SET', key, string.sub(v, gone * PACKED_LEN + 1), 'KEEPTTL')
+          end
+        end
+        if commit then
           -- The new entries are scored now: the oldest unless an older one is known to stay.
           if used == 0 or (oldest and now < oldest) then
             oldest = now
@@ -313,41 +318,10 @@ while a <= #ARGV do
           if not ok then
             idx = used + cost - limit - 1
           end
-          if idx > 0 or not oldest then
+          if alg == 'p' and idx > 0 then
+            oldest = unpack_struct(PACKED_FORMAT, v, (gone + idx) * PACKED_LEN + 1)
+          elseif idx > 0 or not oldest then
             oldest = tonumber(call('ZRANGE', key, idx, idx, 'WITHSCORES')[2])
-          end
-          reset = max(0, oldest + w - now)
-        end
-      elseif alg == 'p' then
-        local used, gone, v = s1[i], s2[i], s3[i]
-        local oldest = used > 0 and unpack_struct(PACKED_FORMAT, v, gone * PACKED_LEN + 1)
-        if commit then
-          -- After the entries not newer than now: the last ones, unless a gateway clock runs
-          -- behind the others.
-          local at = packed_upto(v, gone, gone + used, now)
-          call('SET', key, string.sub(v, gone * PACKED_LEN + 1, at * PACKED_LEN)
-            .. string.rep(pack(PACKED_FORMAT, now), cost) .. string.sub(v, at * PACKED_LEN + 1),
-            'PX', w)
-          if used == 0 or now < oldest then
-            oldest = now
-          end
-          used = used + cost
-        elseif gone > 0 then
-          -- As the log prunes: what has left the window goes, even on a rejection, the TTL stays.
-          if used == 0 then
-            call('DEL', key)
-          else
-            call('SET', key, string.sub(v, gone * PACKED_LEN + 1), 'KEEPTTL')
-          end
-        end
-        remaining = max(0, limit - used)
-        if cost > limit then
-          reset = w
-        elseif used == 0 then
-          reset = 0
-        else
-          if not ok then
-            oldest = unpack_struct(PACKED_FORMAT, v, (gone + used + cost - limit - 1) * PACKED_LEN + 1)
           end
           reset = max(0, oldest + w - now)
         end
