@@ -119,8 +119,8 @@ def replay(client, sha, name, trace):
     kc, kl = "rl:acc:%s:c" % name, "rl:acc:%s:l" % name
     cmds = []
     for t in trace:
-        cmds.append(M.encode(["EVALSHA", sha, 1, kc, 1, t, "c", LIMIT, WINDOW, 1, 0]))
-        cmds.append(M.encode(["EVALSHA", sha, 1, kl, 1, t, "l", LIMIT, WINDOW, 1, 0]))
+        cmds.append(M.encode(["EVALSHA", sha, 1, kc, t, "c", LIMIT, WINDOW, 1, 0]))
+        cmds.append(M.encode(["EVALSHA", sha, 1, kl, t, "l", LIMIT, WINDOW, 1, 0]))
     replies = client.pipeline(cmds)
     for r in replies:
         if isinstance(r, M.RedisError):

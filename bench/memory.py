@@ -306,7 +306,7 @@ class Driver:
         """The EVALSHA of one admitted request on a key that will take n requests."""
         if self.big is not None:
             limit, window, cost, burst = big_costs(alg, self.big)
-            return encode(["EVALSHA", self.sha, 1, key, 1, now, alg, limit, window, cost, burst])
+            return encode(["EVALSHA", self.sha, 1, key, now, alg, limit, window, cost, burst])
         if alg == "floor":
             # Not a limiter: the least a key with a TTL costs in Redis (a 1-byte integer value).
             return encode(["SET", key, "1", "PX", WINDOW])
@@ -314,14 +314,14 @@ class Driver:
             member = "%d-%032x" % (now, self.rng.getrandbits(128))
             return encode(["EVALSHA", self.article_sha, 1, key, n, WINDOW, now, member])
         if alg == "l":
-            return encode(["EVALSHA", self.sha, 1, key, 1, now, "l", n, WINDOW, 1, 0])
+            return encode(["EVALSHA", self.sha, 1, key, now, "l", n, WINDOW, 1, 0])
         if alg == "c":
-            return encode(["EVALSHA", self.sha, 1, key, 1, now, "c", n, WINDOW, 1, 0])
+            return encode(["EVALSHA", self.sha, 1, key, now, "c", n, WINDOW, 1, 0])
         if alg == "g":
             # limit 7n per window: a fractional spacing, so the TAT has a remainder (r in
             # 1/limit ms) as it usually does; burst n admits all n (exactly: the TAT is kept
             # in integers).
-            return encode(["EVALSHA", self.sha, 1, key, 1, now, "g", 7 * n, WINDOW, 1, n])
+            return encode(["EVALSHA", self.sha, 1, key, now, "g", 7 * n, WINDOW, 1, n])
         raise ValueError(alg)
 
     def fill(self, alg, keys, n):

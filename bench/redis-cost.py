@@ -88,14 +88,13 @@ def old(alg, clock):
 def new(alg, clock, batch):
     return Variant("new script %s clock=%s" % (ALGS[alg], clock), M.script_text(), batch,
                    lambda i, now: ("rl:n%s:__rand_int__" % alg,
-                                   ["1", str(now) if clock == "nginx" else ""]
-                                   + zone_argv(alg, now)))
+                                   [str(now) if clock == "nginx" else ""] + zone_argv(alg, now)))
 
 
 def by_limit(alg, limit, keys, prefill):
     return Variant("%s limit %d" % (ALGS[alg], limit), M.script_text(), 16,
                    lambda i, now: ("rl:b%s%d:__rand_int__" % (alg, limit),
-                                   ["1", ""] + zone_argv(alg, now, limit)),
+                                   [""] + zone_argv(alg, now, limit)),
                    limit, keys, prefill, alg)
 
 
@@ -204,7 +203,7 @@ def packed_memory(server, n, keys):
     fc = M.Client(server.port)
     t0 = 1_700_000_000_000
     for r in range(n):
-        cmds = [M.encode(["EVALSHA", sha, 1, "rl:api:%d" % k, 1, t0 + 100 * r, "p", n,
+        cmds = [M.encode(["EVALSHA", sha, 1, "rl:api:%d" % k, t0 + 100 * r, "p", n,
                           3_600_000, 1, 0]) for k in range(keys)]
         for rep in fc.pipeline(cmds):
             if isinstance(rep, M.RedisError) or rep[0] != 1:

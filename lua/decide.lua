@@ -7,11 +7,14 @@
 -- per-algorithm tables or closures to rebuild, only the call's scratch tables and two helpers.
 --
 -- KEYS                   the zone keys of decision 1, then those of decision 2, ...
--- ARGV, per decision:    zones n, now in ms (or "" to read Redis TIME: one clock for every
---                        gateway), then per zone: algorithm ("l" sliding_log, "p"
---                        sliding_log_packed, "c" sliding_counter, "g" gcra), limit, window in
---                        ms, cost (units this request takes; 0 only reads), burst (gcra only,
---                        else 0)
+-- ARGV, per decision:    now in ms (or "" to read Redis TIME: one clock for every gateway),
+--                        then per zone: algorithm ("l" sliding_log, "p" sliding_log_packed,
+--                        "c" sliding_counter, "g" gcra), limit, window in ms, cost (units this
+--                        request takes; 0 only reads), burst (gcra only, else 0)
+-- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
+-- decision has the keys left. So a call of one decision is what it always was, and a batch adds
+-- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
+-- still be told the AUTH failure rather than a protocol error.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }
 --   ok        1 if the zone had room for this request's cost
@@ -20,7 +23,7 @@
 --             otherwise: ms until the zone admits one unit more than `remaining` (0 if full)
 -- or an error for that decision alone (bad arguments, a key holding other data).
 -- A call of one decision answers that decision's reply itself; a call of several, the array of
--- their replies in order. Malformed framing fails the whole call.
+-- their replies in order. Keys that do not add up fail the whole call.
 --
 -- Integers stay exact in doubles below 2^53; limit, burst and cost are at most 10^9 (< 2^30) and
 -- the window at most a year (< 2^35 ms), so products such as limit * window may not fit and go
@@ -100,14 +103,19 @@ local a, k = 1, 0 -- ARGV and KEYS already consumed
 -- decisions sharing that microsecond still get distinct members.
 local time_us, seq = nil, 0
 
-while a <= #ARGV do
-  local nzones = tonumber(ARGV[a])
-  -- Arguments missing at the end are that last decision's bad arguments; keys missing mean no
-  -- decision can be told from the next.
-  if not nzones or nzones < 1 or nzones % 1 ~= 0 or k + nzones > #KEYS then
+repeat
+  local now, base_us = tonumber(ARGV[a]), nil
+  local nzones, next_clock = 0, a + 1
+  while next_clock <= #ARGV and ARGV[next_clock] ~= '' and not tonumber(ARGV[next_clock]) do
+    nzones, next_clock = nzones + 1, next_clock + 5
+  end
+  if next_clock > #ARGV then
+    -- The last decision: missing arguments are its zones' bad arguments, as ever.
+    nzones = #KEYS - k
+  end
+  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > #KEYS then
     return redis.error_reply('ERR ratelimit: malformed batch at decision ' .. (ndecisions + 1))
   end
-  local now, base_us = tonumber(ARGV[a + 1]), nil
   local gateway_clock = now ~= nil
   if gateway_clock then
     base_us = now * 1000
@@ -123,7 +131,7 @@ while a <= #ARGV do
   local result, allowed = nil, 1
   repeat -- `break` ends this decision early with `result` set to its error
     for i = 1, nzones do
-      local p = a + 2 + 5 * (i - 1)
+      local p = a + 1 + 5 * (i - 1)
       local key, alg = KEYS[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
@@ -238,7 +246,7 @@ while a <= #ARGV do
 
     result = { allowed }
     for i = 1, nzones do
-      local p = a + 2 + 5 * (i - 1)
+      local p = a + 1 + 5 * (i - 1)
       local key, alg = KEYS[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
@@ -392,12 +400,9 @@ while a <= #ARGV do
 
   ndecisions = ndecisions + 1
   replies[ndecisions] = result
-  a, k = a + 2 + 5 * nzones, k + nzones
-end
+  a, k = next_clock, k + nzones
+until a > #ARGV
 
-if k ~= #KEYS or ndecisions == 0 then
-  return redis.error_reply('ERR ratelimit: malformed batch, ' .. #KEYS - k .. ' keys left over')
-end
 if ndecisions == 1 then
   return replies[1]
 end

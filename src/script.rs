@@ -171,8 +171,9 @@ const ARGS_PER_ZONE: usize = 5;
 
 /// One decision's share of a call, RESP-encoded once so that it can join any batch and a
 /// `NOSCRIPT` retry with `EVAL` reuses it unchanged: its zone keys, then its arguments
-/// `zones now (algorithm limit window cost burst)..`, kept apart because a call puts every
-/// decision's keys before all the arguments.
+/// `now (algorithm limit window cost burst)..`, kept apart because a call puts every decision's
+/// keys before all the arguments. The script tells decisions apart by their clocks (numbers or
+/// empty, never an algorithm), so a call of one decision is exactly the command it always was.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodedArgs {
     /// The keys, then the arguments.
@@ -196,7 +197,6 @@ impl EncodedArgs {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
         let keys_len = bytes.len();
-        resp::put_bulk_int(&mut bytes, count as u64);
         match now_ms {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
@@ -226,7 +226,7 @@ impl EncodedArgs {
     }
 
     fn argv_count(&self) -> usize {
-        2 + self.zones * ARGS_PER_ZONE
+        1 + self.zones * ARGS_PER_ZONE
     }
 
     /// Appends `EVALSHA sha <args>`: a call of this decision alone.
@@ -346,7 +346,6 @@ mod tests {
                 .arg(2)
                 .arg("rl:api:a")
                 .arg("rl:ip:10.0.0.1")
-                .arg(2)
                 .arg(1_700_000_000_123u64)
                 .arg("l")
                 .arg(100)
@@ -392,12 +391,12 @@ mod tests {
         let mut expected = redis::cmd("EVALSHA");
         expected.arg(&[b'0'; 40][..]).arg(4).arg("rl:api:a").arg("rl:ip:b").arg("rl:user:c");
         expected.arg("rl:api:a");
-        expected.arg(1).arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
-        expected.arg(2).arg(42).arg("l").arg(100).arg(60_000).arg(0).arg(0);
+        expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+        expected.arg(42).arg("l").arg(100).arg(60_000).arg(0).arg(0);
         expected.arg("g").arg(100).arg(60_000).arg(1).arg(7);
-        expected.arg(1).arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+        expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
         assert_eq!(cmd, expected.get_packed_command());
-        // What each decision adds: all but the call's header ("*29" against "*3" when empty).
+        // What each decision adds: all but the call's header ("*26" against "*3" when empty).
         let mut empty = Vec::new();
         write_batch(&mut empty, Verb::Evalsha, &Script { body: "", sha: [b'0'; 40] }, &[]);
         assert_eq!(cmd.len(), empty.len() + 1 + 2 * a.wire_len() + b.wire_len());

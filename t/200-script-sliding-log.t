@@ -16,7 +16,7 @@ is_deeply(\@parts, ['lua/decide.lua'], 'SCRIPT is concat! of lua/decide.lua')
 is(load_script(), script_sha(), 'SCRIPT LOAD answers the SHA-1 of the assembled text');
 {
     # EVAL of the text and EVALSHA agree (the module's NOSCRIPT fallback sends EVAL).
-    my $a = redis_cmd('EVAL', script_text(), 1, 'rl:t:eval', 1, 5000, 'l', 3, 1000, 1, 0);
+    my $a = redis_cmd('EVAL', script_text(), 1, 'rl:t:eval', 5000, 'l', 3, 1000, 1, 0);
     my $b = decide(5000, ['rl:t:evalsha', 'l', 3, 1000]);
     is(RLTest::Redis::format_reply($a), '1 1 2 1000', 'EVAL of the assembled text');
     is(verdict($b), '1 | 1 2 1000', 'EVALSHA of the same text');

@@ -61,20 +61,22 @@ local function ttls()
   return out
 end
 
+-- ARGV: TIME's two figures, the number of decisions n, each one's zone count, then the batch.
+local n = tonumber(ARGV[3])
 local nkeys, argv = {}, {}
 for i = 1, #KEYS do nkeys[i] = 'n:' .. KEYS[i] end
-for i = 3, #ARGV do argv[#argv + 1] = ARGV[i] end
+for i = 4 + n, #ARGV do argv[#argv + 1] = ARGV[i] end
 local olds, a, k = {}, 1, 0
-while a <= #argv do
-  local nz, dk, dv = tonumber(argv[a]), {}, {}
+for d = 1, n do
+  local nz, dk, dv = tonumber(ARGV[3 + d]), {}, {}
   for i = 1, nz do dk[i] = 'o:' .. KEYS[k + i] end
-  for i = a + 1, a + 1 + 5 * nz do dv[#dv + 1] = argv[i] end
+  for i = a, a + 5 * nz do dv[#dv + 1] = argv[i] end
   -- The packed log answers for the old log.
   for z = 1, nz do
     if dv[2 + 5 * (z - 1)] == 'p' then dv[2 + 5 * (z - 1)] = 'l' end
   end
   olds[#olds + 1] = run(old_decide, dk, dv)
-  a, k = a + 2 + 5 * nz, k + nz
+  a, k = a + 1 + 5 * nz, k + nz
 end
 local old_ttl = ttls()
 local new = run(new_decide, nkeys, argv)
@@ -165,7 +167,8 @@ sub run_calls {
         } 1 .. $n;
         my ($keys, @argv) = batch_argv(@batch);
         my $res = redis_cmd('EVALSHA', $wsha, scalar @$keys, @$keys,
-            int($now / 1000), ($now % 1000) * 1000 + int rand 1000, @argv);
+            int($now / 1000), ($now % 1000) * 1000 + int rand 1000,
+            $n, (map { scalar @{ $_->[0] } } @batch), @argv);
         die "$name: wrapper failed: " . show($res) if is_error($res);
         my ($olds, $new, $old_ttl, $new_ttl) = @$res;
         $new = $n == 1 ? $new : $new->[0];

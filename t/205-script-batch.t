@@ -9,11 +9,13 @@ use RLTest::Script qw(:all);
 
 my $T = 1_700_000_000_000;
 
-sub replies {
-    my $r = batch_raw(@_);
+sub replies_of {
+    my ($r) = @_;
     return is_error($r) ? 'ERR:' . $r->message
         : join ' / ', map { is_error($_) ? 'ERR:' . $_->message : "@$_" } @$r;
 }
+
+sub replies { replies_of(batch_raw(@_)) }
 
 # In order, on the same key: each decision sees the previous one's entry.
 is(replies(map { [['rl:b:same'], $T, 'l', 3, 1000, 1, 0] } 1 .. 5),
@@ -57,13 +59,18 @@ is(replies([[$keys[0]], $T, 'l', 5, 1000, 1, 0], [['rl:b:x'], $T, 'l', 5]),
     '1 1 2 1000 / ERR:ERR ratelimit: bad arguments for zone 1',
     'a truncated last decision fails alone');
 
-# Keys that do not add up cannot be split into decisions: the whole call fails.
+# A decision's zones run up to the next clock; the last one has the keys left, so
+# a key too many is its zone without arguments.  Keys that run out before the last
+# decision, or a clock that is neither a number nor "", fail the whole call.
 {
-    my ($k, @a) = batch_argv([[$keys[0]], $T, 'l', 5, 1000, 1, 0]);
-    like(RLTest::Redis::format_reply(redis_cmd('EVALSHA', script_sha(), 2, @$k, 'extra', @a)),
-        qr/^ERR:ERR ratelimit: malformed batch/, 'a key left over fails the call');
-    like(RLTest::Redis::format_reply(redis_cmd('EVALSHA', script_sha(), 1, @$k, 2, @a[1 .. $#a])),
-        qr/^ERR:ERR ratelimit: malformed batch/, 'a zone count past the keys fails the call');
+    my ($k, @a) = batch_argv([[$keys[0]], $T, 'l', 5, 1000, 1, 0], [[$keys[1]], $T, 'l', 5, 1000, 1, 0]);
+    is(replies_of(redis_cmd('EVALSHA', script_sha(), 3, @$k, 'extra', @a)),
+        '1 1 1 1000 / ERR:ERR ratelimit: bad arguments for zone 2',
+        'a key too many: the last decision has bad arguments');
+    like(RLTest::Redis::format_reply(redis_cmd('EVALSHA', script_sha(), 1, $k->[0], @a)),
+        qr/^ERR:ERR ratelimit: malformed batch at decision 2/, 'keys running out fail the call');
+    like(RLTest::Redis::format_reply(redis_cmd('EVALSHA', script_sha(), 1, $k->[0], 'soon', @a[1 .. $#a])),
+        qr/^ERR:ERR ratelimit: malformed batch at decision 1/, 'a clock that is no number fails the call');
     like(RLTest::Redis::format_reply(redis_cmd('EVALSHA', script_sha(), 0)),
         qr/^ERR:ERR ratelimit: malformed batch/, 'no decision at all fails the call');
 }

@@ -13,9 +13,7 @@ package RLTest::Script;
 #   my $d = decide(1000, ['rl:z:a', 'l', 10, 1000], ['rl:y:a', 'g', 10, 1000, 1, 5]);
 #   $d->{allowed}; $d->{zones}[0]{ok}, {remaining}, {reset}
 #   verdict($d)                       # "1 | 1 9 1000 | 1 4 100": allowed | ok remaining reset ...
-#   decide_raw(\@keys, @argv)         # the reply as Redis gave it (array, or an Error object);
-#                                     # @argv is now, then the zones' arguments: the call sends
-#                                     # the zone count (scalar @keys) before them
+#   decide_raw(\@keys, @argv)         # the reply as Redis gave it (array, or an Error object)
 #   batch_raw([\@keys, @argv], ...)   # several decisions in one call: the reply as Redis gave it
 #   batch_argv([\@keys, @argv], ...)  # (\@keys, @argv) of that call, for EVAL or a wrapper
 #   steps($name, $t0, \@zones, [$dt, $expected], [$dt, {cost => 3}, $expected], ...)
@@ -105,20 +103,20 @@ sub evalsha {
 }
 
 # The keys and arguments of one call deciding each [\@keys, @argv] in order:
-# every decision's keys, then per decision its zone count and its @argv.
+# every decision's keys, then every decision's @argv.
 sub batch_argv {
     my (@keys, @argv);
     for my $d (@_) {
         my ($keys, @a) = @$d;
         push @keys, @$keys;
-        push @argv, scalar @$keys, @a;
+        push @argv, @a;
     }
     return (\@keys, @argv);
 }
 
 sub batch_raw { evalsha(batch_argv(@_)) }
 
-sub decide_raw { batch_raw([@_]) }
+sub decide_raw { evalsha(@_) }
 
 sub zone_spec {
     my ($z) = @_;
