@@ -101,10 +101,12 @@ local replies, ndecisions = {}, 0
 local a, k = 1, 0 -- ARGV and KEYS already consumed
 -- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
 -- decisions sharing that microsecond still get distinct members.
-local time_us, seq = nil, 0
+local time_us, seq, time_now_s = nil, 0, nil
 
 repeat
-  local now, base_us = tonumber(ARGV[a]), nil
+  -- Numbers go to Redis as strings: it formats every number a script passes (%.17g, a fair
+  -- share of a command's cost); figures that came as strings go back as they came.
+  local now, now_s, base_us = tonumber(ARGV[a]), ARGV[a], nil
   local nzones, next_clock = 0, a + 1
   while next_clock <= #ARGV and ARGV[next_clock] ~= '' and not tonumber(ARGV[next_clock]) do
     nzones, next_clock = nzones + 1, next_clock + 5
@@ -123,9 +125,10 @@ repeat
     if not time_us then
       local t = call('TIME')
       time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      time_now_s = format('%d', floor(time_us / 1000))
     end
     base_us = time_us + seq
-    now = floor(time_us / 1000)
+    now, now_s = floor(time_us / 1000), time_now_s
   end
 
   local result, allowed = nil, 1
@@ -160,14 +163,14 @@ repeat
         -- scored s counts while now < s + window. Reading the two oldest first says whether
         -- anything has left the window (pruning only then) and gives the oldest score the reset
         -- needs, most often without another read.
-        local e = pcall_redis('ZRANGE', key, 0, 1, 'WITHSCORES')
+        local e = pcall_redis('ZRANGE', key, '0', '1', 'WITHSCORES')
         if e.err then
           result = e
           break
         end
         local read, oldest, removed = #e / 2, tonumber(e[2]), 0
         if oldest and oldest <= now - w then
-          removed = call('ZREMRANGEBYSCORE', key, '-inf', now - w)
+          removed = call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - w))
           -- One removed: the second oldest is the oldest now. More: not known yet.
           oldest = removed == 1 and tonumber(e[4]) or nil
         end
@@ -265,14 +268,14 @@ repeat
           end
           local added = 0
           if cost == 1 then
-            added = call('ZADD', key, 'NX', now, format('%d', m))
+            added = call('ZADD', key, 'NX', now_s, format('%d', m))
             m = m + 1
           else
             local rest = cost
             while rest > 0 do
               local args, n = {}, math.min(rest, ZADD_CHUNK)
               for j = 1, n do
-                args[2 * j - 1] = now
+                args[2 * j - 1] = now_s
                 args[2 * j] = format('%d', m + j - 1)
               end
               added = added + call('ZADD', key, 'NX', unpack(args))
@@ -282,12 +285,12 @@ repeat
           -- A member was taken (the same µs on the Redis clock, or a gateway clock that saw the
           -- same ms): move past the newest entry; each try uses a larger member.
           while added < cost do
-            local newest = call('ZRANGE', key, -1, -1)
+            local newest = call('ZRANGE', key, '-1', '-1')
             m = max(m, (tonumber(newest[1]) or 0) + 1)
-            added = added + call('ZADD', key, 'NX', now, format('%d', m))
+            added = added + call('ZADD', key, 'NX', now_s, format('%d', m))
             m = m + 1
           end
-          call('PEXPIRE', key, w)
+          call('PEXPIRE', key, ARGV[p + 2])
           if not gateway_clock then
             seq = m - time_us
           end
@@ -297,7 +300,7 @@ repeat
           local at = packed_upto(v, gone, gone + used, now)
           call('SET', key, string.sub(v, gone * PACKED_LEN + 1, at * PACKED_LEN)
             .. string.rep(pack(PACKED_FORMAT, now), cost) .. string.sub(v, at * PACKED_LEN + 1),
-            'PX', w)
+            'PX', ARGV[p + 2])
         elseif alg == 'p' and gone > 0 then
           -- As the log prunes: what has left the window goes, even on a rejection, the TTL stays.
           if used == 0 then
@@ -329,7 +332,8 @@ repeat
           if alg == 'p' and idx > 0 then
             oldest = unpack_struct(PACKED_FORMAT, v, (gone + idx) * PACKED_LEN + 1)
           elseif idx > 0 or not oldest then
-            oldest = tonumber(call('ZRANGE', key, idx, idx, 'WITHSCORES')[2])
+            local at = format('%d', idx)
+            oldest = tonumber(call('ZRANGE', key, at, at, 'WITHSCORES')[2])
           end
           reset = max(0, oldest + w - now)
         end
@@ -339,7 +343,8 @@ repeat
           cur = cur + cost
           -- The current count matters until the end of the next window, where it is the
           -- previous one.
-          call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX', 2 * w - elapsed)
+          call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
+            format('%d', 2 * w - elapsed))
         end
         remaining = max(0, limit - cur - weighted)
         -- The wait until the estimate is at most `target`, if nothing else is admitted meanwhile.
@@ -368,7 +373,8 @@ repeat
         local ms, r = s1[i], s2[i]
         if commit then
           ms, r = s3[i], s4[i]
-          call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX', max(1, ms - now + (r > 0 and 1 or 0)))
+          call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
+            format('%d', max(1, ms - now + (r > 0 and 1 or 0))))
         end
         -- How far the TAT is ahead, in 1/limit ms: (ms - now) * limit + r, kept as whole windows
         -- (rounded up) to stay exact.
