@@ -1,66 +1,415 @@
--- One rate-limit decision over the zones of a location, atomically: the request is recorded in
--- every zone or in none, so a rejection by one zone never uses up another. Runs after the
--- algorithm files (sliding_log.lua, sliding_counter.lua, gcra.lua), which src/script.rs
--- concatenates before this one into a single script.
+-- Rate-limit decisions, several per call, each one atomic over the zones of its location: a
+-- request is recorded in every zone or in none, so a rejection by one zone never uses up another.
+-- The decisions of one call run in order, each seeing what the previous ones wrote, exactly as if
+-- each had been its own call (with clock=redis they share one TIME).
 --
--- KEYS[i]                zone key of zone i
--- ARGV[1]                now in ms, or "" to read Redis TIME (one clock for every gateway)
--- ARGV[2 + 5(i-1)] ..    per zone: algorithm ("l" sliding_log, "c" sliding_counter, "g" gcra),
---                        limit, window in ms, cost (units this request takes; 0 only reads),
---                        burst (gcra only, else 0)
+-- The whole script is one flat function body: Redis runs the body on every call, so it holds no
+-- per-algorithm tables or closures to rebuild, only the call's scratch tables and two helpers.
 --
--- Reply: { allowed, then per zone: ok, remaining, reset_ms }
+-- KEYS                   the zone keys of decision 1, then those of decision 2, ...
+-- ARGV, per decision:    now in ms (or "" to read Redis TIME: one clock for every gateway),
+--                        then per zone: algorithm ("l" sliding_log, "p" sliding_log_packed,
+--                        "c" sliding_counter, "g" gcra), limit, window in ms, cost (units this
+--                        request takes; 0 only reads), burst (gcra only, else 0)
+-- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
+-- decision has the keys left. So a call of one decision is what it always was, and a batch adds
+-- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
+-- still be told the AUTH failure rather than a protocol error.
+--
+-- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }
 --   ok        1 if the zone had room for this request's cost
 --   remaining units the zone still admits after this decision
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
 --             otherwise: ms until the zone admits one unit more than `remaining` (0 if full)
+-- or an error for that decision alone (bad arguments, a key holding other data).
+-- A call of one decision answers that decision's reply itself; a call of several, the array of
+-- their replies in order. Keys that do not add up fail the whole call.
+--
+-- Integers stay exact in doubles below 2^53; limit, burst and cost are at most 10^9 (< 2^30) and
+-- the window at most a year (< 2^35 ms), so products such as limit * window may not fit and go
+-- through muldiv. GCRA also needs burst * window / limit < 2^52 ms (its state is a time).
 
-local ALGORITHMS = { l = sliding_log, c = sliding_counter, g = gcra }
+local floor, ceil, max, tonumber, format = math.floor, math.ceil, math.max, tonumber, string.format
+local pcall_redis, call = redis.pcall, redis.call
+local pack, unpack_struct = struct.pack, struct.unpack
 
-local now, base_us = tonumber(ARGV[1]), nil
-local gateway_clock = now ~= nil
-if gateway_clock then
-  base_us = now * 1000
-else
-  local t = redis.call('TIME')
-  base_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  now = math.floor(base_us / 1000)
+local EXACT = 2 ^ 53
+-- q, r with a * b = q * c + r, 0 <= r < c, for integers a < 2^32, c < 2^36, b and q < 2^53.
+-- A double quotient of integers below 2^53 is never off by enough to change its floor.
+local function muldiv(a, b, c)
+  local p = a * b
+  if p < EXACT then -- a product at or above 2^53 never rounds below it
+    local q = floor(p / c)
+    return q, p - q * c
+  end
+  local qb = floor(b / c)
+  local rb = b - qb * c
+  local ah = floor(a / 65536)
+  local al = a - ah * 65536
+  local t = ah * rb -- < 2^52
+  local q1 = floor(t / c)
+  local u = (t - q1 * c) * 65536 + al * rb -- < 2^52 + 2^52
+  local q2 = floor(u / c)
+  return a * qb + q1 * 65536 + q2, u - q2 * c
 end
 
-local zones, allowed = {}, 1
-for i = 1, #KEYS do
-  local a = 2 + 5 * (i - 1)
-  local z = {
-    alg = ALGORITHMS[ARGV[a]],
-    key = KEYS[i],
-    limit = tonumber(ARGV[a + 1]),
-    window = tonumber(ARGV[a + 2]),
-    cost = tonumber(ARGV[a + 3]),
-    burst = tonumber(ARGV[a + 4]),
-  }
-  if not (z.alg and z.limit and z.window and z.cost and z.burst)
-      or z.limit < 1 or z.window < 1 or z.cost < 0 or (z.alg == gcra and z.burst < 1) then
-    return redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
+-- sliding_counter: one 9-byte string per key, (window index mod 256, current count, previous
+-- count). A key lives at most two windows, so the index modulo 256 tells its window apart from
+-- the others that can still be met: this one, the previous one, or (a gateway clock running
+-- behind another) the next one.
+local COUNTER_FORMAT, COUNTER_LEN = '<BI4I4', 9
+-- gcra: the theoretical arrival time (TAT) kept exactly as whole ms plus a remainder in 1/limit
+-- ms, TAT = ms + r / limit with 0 <= r < limit: a double holding ms, and r as a 32-bit integer.
+local GCRA_FORMAT, GCRA_LEN = '<dI4', 12
+-- sliding_log adds at most this many entries per ZADD, far below Lua's limit on unpacked values.
+local ZADD_CHUNK = 256
+-- sliding_log_packed: the log as one string of admission times in ms, oldest first, 6 bytes each
+-- (enough until the year 10889).
+local PACKED_FORMAT, PACKED_LEN = '<I6', 6
+
+-- The index (0-based) of the first of the packed entries from..to-1 of `v` that is newer than
+-- `t`, or `to`: they are sorted. Most often none has left the window and the new entries go
+-- last, so the ends are looked at first.
+local function packed_upto(v, from, to, t)
+  if from == to or unpack_struct(PACKED_FORMAT, v, from * PACKED_LEN + 1) > t then
+    return from
   end
-  local err = z.alg.check(z, now)
-  if err then
-    return err
+  if unpack_struct(PACKED_FORMAT, v, (to - 1) * PACKED_LEN + 1) <= t then
+    return to
   end
-  if not z.ok then
-    allowed = 0
+  while from < to do
+    local mid = floor((from + to) / 2)
+    if unpack_struct(PACKED_FORMAT, v, mid * PACKED_LEN + 1) <= t then
+      from = mid + 1
+    else
+      to = mid
+    end
   end
-  zones[i] = z
+  return from
 end
 
-local reply = { allowed }
-for i = 1, #zones do
-  local z = zones[i]
-  if allowed == 1 and z.cost > 0 then
-    z.alg.commit(z, now, base_us, gateway_clock)
+-- Per-zone state from the check to the commit and report, by zone index within a decision:
+--   sliding_log      s1 used, s2 oldest score (nil: not read; the set may be empty)
+--   sliding_log_packed  s1 used, s2 oldest score, s3 entries that have left the window,
+--                    s4 the string
+--   sliding_counter  s1 current, s2 previous, s3 window index, s4 elapsed in it,
+--                    s5 previous count weighted into the rolling window, rounded up
+--   gcra             s1 ms, s2 r (the TAT), s3 ms, s4 r (the TAT after this request)
+local s1, s2, s3, s4, s5, zone_ok = {}, {}, {}, {}, {}, {}
+
+local replies, ndecisions = {}, 0
+local a, k = 1, 0 -- ARGV and KEYS already consumed
+-- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
+-- decisions sharing that microsecond still get distinct members.
+local time_us, seq, time_now_s = nil, 0, nil
+
+repeat
+  -- Numbers go to Redis as strings: it formats every number a script passes (%.17g, a fair
+  -- share of a command's cost); figures that came as strings go back as they came.
+  local now, now_s, base_us = tonumber(ARGV[a]), ARGV[a], nil
+  local nzones, next_clock = 0, a + 1
+  while next_clock <= #ARGV and ARGV[next_clock] ~= '' and not tonumber(ARGV[next_clock]) do
+    nzones, next_clock = nzones + 1, next_clock + 5
   end
-  local remaining, reset = z.alg.report(z, now)
-  reply[#reply + 1] = z.ok and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset
+  if next_clock > #ARGV then
+    -- The last decision: missing arguments are its zones' bad arguments, as ever.
+    nzones = #KEYS - k
+  end
+  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > #KEYS then
+    return redis.error_reply('ERR ratelimit: malformed batch at decision ' .. (ndecisions + 1))
+  end
+  local gateway_clock = now ~= nil
+  if gateway_clock then
+    base_us = now * 1000
+  else
+    if not time_us then
+      local t = call('TIME')
+      time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      time_now_s = format('%d', floor(time_us / 1000))
+    end
+    base_us = time_us + seq
+    now, now_s = floor(time_us / 1000), time_now_s
+  end
+
+  local result, allowed = nil, 1
+  repeat -- `break` ends this decision early with `result` set to its error
+    for i = 1, nzones do
+      local p = a + 1 + 5 * (i - 1)
+      local key, alg = KEYS[k + i], ARGV[p]
+      local limit, w, cost, burst =
+        tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
+      if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
+          or (alg ~= 'l' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g')
+          or (alg == 'g' and burst < 1) then
+        result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
+        break
+      end
+      local ok, v
+      if alg ~= 'l' then
+        -- The other algorithms keep one string per key, of a length that tells it is theirs.
+        v = pcall_redis('GET', key)
+        if type(v) == 'table' then
+          result = v
+          break
+        end
+        if v and not (alg == 'c' and #v == COUNTER_LEN or alg == 'g' and #v == GCRA_LEN
+            or alg == 'p' and #v % PACKED_LEN == 0) then
+          result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
+          break
+        end
+      end
+      if alg == 'l' then
+        -- Sliding-window log: one sorted-set entry per admitted unit, scored by its ms. An entry
+        -- scored s counts while now < s + window. Reading the two oldest first says whether
+        -- anything has left the window (pruning only then) and gives the oldest score the reset
+        -- needs, most often without another read.
+        local e = pcall_redis('ZRANGE', key, '0', '1', 'WITHSCORES')
+        if e.err then
+          result = e
+          break
+        end
+        local read, oldest, removed = #e / 2, tonumber(e[2]), 0
+        if oldest and oldest <= now - w then
+          removed = call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - w))
+          -- One removed: the second oldest is the oldest now. More: not known yet.
+          oldest = removed == 1 and tonumber(e[4]) or nil
+        end
+        -- Fewer than two read: that was the whole set.
+        local used = read - removed
+        if read == 2 then
+          used = call('ZCARD', key)
+        end
+        s1[i], s2[i] = used, oldest
+        ok = used + cost <= limit
+      elseif alg == 'p' then
+        -- The same log packed: GET and SET instead of four commands, 6 bytes per entry, but
+        -- each admission rewrites the string, a cost that grows with the limit.
+        v = v or ''
+        local n = #v / PACKED_LEN
+        local gone = packed_upto(v, 0, n, now - w)
+        local used = n - gone
+        s1[i], s2[i], s3[i], s4[i] = used, used > 0 and unpack_struct(PACKED_FORMAT, v,
+          gone * PACKED_LEN + 1) or nil, gone, v
+        ok = used + cost <= limit
+      elseif alg == 'c' then
+        -- Sliding-window counter: the count of the current fixed window plus the previous
+        -- window's count weighted by how much of it the rolling window still covers.
+        local idx = floor(now / w)
+        local elapsed, cur, prev = now - idx * w, 0, 0
+        if v then
+          local st, c, pv = unpack_struct(COUNTER_FORMAT, v)
+          local age = (idx - st) % 256
+          if age == 0 then
+            cur, prev = c, pv
+          elseif age == 1 then
+            prev = c
+          elseif age == 255 then
+            -- Written by a gateway whose clock is ahead: count in its window, never overwrite
+            -- it with an older one, and weigh the previous window fully.
+            idx, elapsed, cur, prev = idx + 1, 0, c, pv
+          end
+        end
+        -- estimate = prev * (w - elapsed) / w + cur, compared as ceil(prev part) + cur.
+        local q, r = muldiv(prev, w - elapsed, w)
+        local weighted = q + (r > 0 and 1 or 0)
+        s1[i], s2[i], s3[i], s4[i], s5[i] = cur, prev, idx, elapsed, weighted
+        ok = weighted + cur + cost <= limit
+      else
+        -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
+        local ms, r = now, 0
+        if v then
+          ms, r = unpack_struct(GCRA_FORMAT, v)
+          -- r counts 1/limit ms of the limit it was stored with; after a lower limit (a plan
+          -- change through a variable) it may not fit: round up to the next ms, < 1 ms late.
+          if r >= limit then
+            ms, r = ms + 1, 0
+          end
+          if ms < now then
+            ms, r = now, 0
+          end
+        end
+        local cq, cr = muldiv(cost, w, limit)
+        local nms, nr = ms + cq, r + cr
+        if nr >= limit then
+          nms, nr = nms + 1, nr - limit
+        end
+        -- Admitted while the new TAT is at most burst * window / limit ms ahead of now.
+        local bq, br = muldiv(burst, w, limit)
+        s1[i], s2[i], s3[i], s4[i] = ms, r, nms, nr
+        ok = nms - now < bq or (nms - now == bq and nr <= br)
+      end
+      zone_ok[i] = ok
+      if not ok then
+        allowed = 0
+      end
+    end
+    if result then
+      break
+    end
+
+    result = { allowed }
+    for i = 1, nzones do
+      local p = a + 1 + 5 * (i - 1)
+      local key, alg = KEYS[k + i], ARGV[p]
+      local limit, w, cost, burst =
+        tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
+      local ok, commit = zone_ok[i], allowed == 1 and cost > 0
+      local remaining, reset
+      if alg == 'l' or alg == 'p' then
+        local used, oldest, gone, v = s1[i], s2[i], s3[i], s4[i]
+        if commit and alg == 'l' then
+          -- Members are integers (compact listpack entries), unique thanks to ZADD NX: the
+          -- decision's clock in µs plus one per further unit. A gateway clock is a whole ms
+          -- shared by every request of that ms: the count (which only grows within one ms)
+          -- spreads them over its 1000 µs, so they rarely need a second try.
+          local m = base_us
+          if gateway_clock then
+            m = m + used % 1000
+          end
+          local added = 0
+          if cost == 1 then
+            added = call('ZADD', key, 'NX', now_s, format('%d', m))
+            m = m + 1
+          else
+            local rest = cost
+            while rest > 0 do
+              local args, n = {}, math.min(rest, ZADD_CHUNK)
+              for j = 1, n do
+                args[2 * j - 1] = now_s
+                args[2 * j] = format('%d', m + j - 1)
+              end
+              added = added + call('ZADD', key, 'NX', unpack(args))
+              m, rest = m + n, rest - n
+            end
+          end
+          -- A member was taken (the same µs on the Redis clock, or a gateway clock that saw the
+          -- same ms): move past the newest entry; each try uses a larger member.
+          while added < cost do
+            local newest = call('ZRANGE', key, '-1', '-1')
+            m = max(m, (tonumber(newest[1]) or 0) + 1)
+            added = added + call('ZADD', key, 'NX', now_s, format('%d', m))
+            m = m + 1
+          end
+          call('PEXPIRE', key, ARGV[p + 2])
+          if not gateway_clock then
+            seq = m - time_us
+          end
+        elseif commit then
+          -- After the entries not newer than now: the last ones, unless a gateway clock runs
+          -- behind the others.
+          local at = packed_upto(v, gone, gone + used, now)
+          call('SET', key, string.sub(v, gone * PACKED_LEN + 1, at * PACKED_LEN)
+            .. string.rep(pack(PACKED_FORMAT, now), cost) .. string.sub(v, at * PACKED_LEN + 1),
+            'PX', ARGV[p + 2])
+        elseif alg == 'p' and gone > 0 then
+          -- As the log prunes: what has left the window goes, even on a rejection, the TTL stays.
+          if used == 0 then
+            call('DEL', key)
+          else
+            call('SET', key, string.sub(v, gone * PACKED_LEN + 1), 'KEEPTTL')
+          end
+        end
+        if commit then
+          -- The new entries are scored now: the oldest unless an older one is known to stay.
+          if used == 0 or (oldest and now < oldest) then
+            oldest = now
+          end
+          used = used + cost
+        end
+        remaining = max(0, limit - used)
+        if cost > limit then
+          -- It can never fit; the module does not even ask.
+          reset = w
+        elseif used == 0 then
+          reset = 0
+        else
+          -- Admitted or with room: the next unit frees when the oldest entry leaves the window.
+          -- Rejected: this request fits once the (used + cost - limit) oldest entries have left.
+          local idx = 0
+          if not ok then
+            idx = used + cost - limit - 1
+          end
+          if alg == 'p' and idx > 0 then
+            oldest = unpack_struct(PACKED_FORMAT, v, (gone + idx) * PACKED_LEN + 1)
+          elseif idx > 0 or not oldest then
+            local at = format('%d', idx)
+            oldest = tonumber(call('ZRANGE', key, at, at, 'WITHSCORES')[2])
+          end
+          reset = max(0, oldest + w - now)
+        end
+      elseif alg == 'c' then
+        local cur, prev, idx, elapsed, weighted = s1[i], s2[i], s3[i], s4[i], s5[i]
+        if commit then
+          cur = cur + cost
+          -- The current count matters until the end of the next window, where it is the
+          -- previous one.
+          call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
+            format('%d', 2 * w - elapsed))
+        end
+        remaining = max(0, limit - cur - weighted)
+        -- The wait until the estimate is at most `target`, if nothing else is admitted meanwhile.
+        local target = limit - remaining - 1
+        if not ok then
+          target = limit - cost
+        end
+        if not ok or cur ~= 0 or prev ~= 0 then
+          if target < 0 then
+            reset = w
+          elseif cur <= target then
+            -- In this window, once the previous window's weight has fallen enough.
+            if target - cur >= prev then
+              reset = 0
+            else
+              reset = max(0, w - elapsed - muldiv(target - cur, w, prev))
+            end
+          else
+            -- Not in this window: in the next one, the current count becomes the weighted one.
+            reset = (w - elapsed) + w - muldiv(target, w, cur)
+          end
+        else
+          reset = 0
+        end
+      else
+        local ms, r = s1[i], s2[i]
+        if commit then
+          ms, r = s3[i], s4[i]
+          call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
+            format('%d', max(1, ms - now + (r > 0 and 1 or 0))))
+        end
+        -- How far the TAT is ahead, in 1/limit ms: (ms - now) * limit + r, kept as whole windows
+        -- (rounded up) to stay exact.
+        local uq, ur = muldiv(limit, ms - now, w)
+        local whole = uq + ceil((ur + r) / w)
+        remaining = max(0, burst - whole)
+        if not ok then
+          if cost > burst then
+            -- It can never fit; the module does not even ask. Answer like the other algorithms.
+            reset = w
+          else
+            -- Until the new TAT is within burst spacings of now.
+            local bq, br = muldiv(burst, w, limit)
+            reset = max(1, s3[i] - now - bq + (s4[i] > br and 1 or 0))
+          end
+        elseif ms == now and r == 0 then
+          reset = 0
+        else
+          -- One more unit is back once the TAT is within (burst - remaining - 1) spacings.
+          local kq, kr = muldiv(burst - remaining - 1, w, limit)
+          reset = max(0, ms - now - kq + (r > kr and 1 or 0))
+        end
+      end
+      result[#result + 1] = ok and 1 or 0
+      result[#result + 1] = remaining
+      result[#result + 1] = reset
+    end
+  until true
+
+  ndecisions = ndecisions + 1
+  replies[ndecisions] = result
+  a, k = next_clock, k + nzones
+until a > #ARGV
+
+if ndecisions == 1 then
+  return replies[1]
 end
-return reply
+return replies

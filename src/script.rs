@@ -1,18 +1,36 @@
-//! The Redis script call: the script text and its hash, the command that carries one decision,
-//! and the decoding of the script's reply into a decision.
+//! The Redis script call: the script text and its hash, the command that carries a batch of
+//! decisions, and the decoding of the script's reply into decisions.
+
+use std::sync::OnceLock;
 
 use crate::key::Key;
 use crate::redis::resp::{self, Reply};
 
-/// The decision script: the algorithms, then the driver that runs them over a location's zones.
-/// The files in `lua/` are the single source of truth; tests that run the script directly
-/// (`t/lib/RLTest/Script.pm`) read this list to assemble it the same way.
-pub const SCRIPT: &str = concat!(
-    include_str!("../lua/sliding_log.lua"),
-    include_str!("../lua/sliding_counter.lua"),
-    include_str!("../lua/gcra.lua"),
-    include_str!("../lua/decide.lua"),
-);
+/// The decision script. The files in `lua/` are the single source of truth; tests that run the
+/// script directly (`t/lib/RLTest/Script.pm`) read this list to assemble it the same way.
+pub const SCRIPT: &str = concat!(include_str!("../lua/decide.lua"));
+
+/// A script Redis runs, and its hash for `EVALSHA`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Script {
+    pub body: &'static str,
+    pub sha: [u8; 40],
+}
+
+impl AsRef<[u8]> for Script {
+    fn as_ref(&self) -> &[u8] {
+        self.body.as_bytes()
+    }
+}
+
+/// The script for every decision, whatever its algorithms and clock. One flat script serves every
+/// combination: it rebuilds nothing per call (its whole set-up, scratch tables and two helpers,
+/// costs Redis about 0.35 us a call), dispatches with a few string comparisons per zone, and
+/// lets any decisions of a connection share a batch.
+pub fn script() -> &'static Script {
+    static GENERIC: OnceLock<Script> = OnceLock::new();
+    GENERIC.get_or_init(|| Script { body: SCRIPT, sha: sha1_hex(SCRIPT.as_bytes()) })
+}
 
 /// Hex SHA-1 of a script body, as `EVALSHA` expects it.
 pub fn sha1_hex(body: &[u8]) -> [u8; 40] {
@@ -25,18 +43,82 @@ pub fn sha1_hex(body: &[u8]) -> [u8; 40] {
     hex
 }
 
-/// Appends `SCRIPT LOAD body`.
-pub fn write_script_load(out: &mut Vec<u8>, body: &[u8]) {
+/// Appends `SCRIPT LOAD body`; takes a [`Script`] or its body.
+pub fn write_script_load(out: &mut Vec<u8>, body: impl AsRef<[u8]>) {
     resp::put_array_len(out, 3);
     resp::put_bulk(out, b"SCRIPT");
     resp::put_bulk(out, b"LOAD");
-    resp::put_bulk(out, body);
+    resp::put_bulk(out, body.as_ref());
 }
 
-/// How a zone counts; each algorithm is one file in `lua/`.
+/// At most this many decisions in one call. What a call costs besides its decisions (parsing it,
+/// `TIME`, the script's set-up: about 2.5 us of Redis CPU for `sliding_log`, bench/redis-cost.md)
+/// is a small share of each decision at 16 and negligible at 64, while Redis runs nothing else
+/// during the call: 64 decisions of about 7 us keep that under half a millisecond (not with
+/// `sliding_log_packed` at large limits, ~100 us a decision at 10,000).
+pub const MAX_BATCH_DECISIONS: usize = 64;
+
+/// At most this many bytes of decisions ([`EncodedArgs::wire_len`]) in one call: Redis copies
+/// every argument into the script's KEYS and ARGV tables before the first decision runs, and
+/// a `NOSCRIPT` retry sends them again with the body. 64 typical decisions take about 10 KiB.
+/// A decision larger than this still goes alone: a batch of one is always valid.
+pub const MAX_BATCH_BYTES: usize = 64 * 1024;
+
+/// How the call names its script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// By hash, the usual way.
+    Evalsha,
+    /// With the body, after `NOSCRIPT`.
+    Eval,
+}
+
+/// Appends one call that decides each decision of `batch` in order. Its reply is split with
+/// [`split_batch`].
+pub fn write_batch(out: &mut Vec<u8>, verb: Verb, script: &Script, batch: &[&EncodedArgs]) {
+    match verb {
+        Verb::Evalsha => write_call(out, b"EVALSHA", &script.sha, batch),
+        Verb::Eval => write_call(out, b"EVAL", script.body.as_bytes(), batch),
+    }
+}
+
+/// `verb script numkeys <every decision's keys> <every decision's argv>`: Redis wants all KEYS
+/// before all ARGV.
+fn write_call(out: &mut Vec<u8>, verb: &[u8], script: &[u8], batch: &[&EncodedArgs]) {
+    let zones: usize = batch.iter().map(|a| a.zones).sum();
+    let argv: usize = batch.iter().map(|a| a.argv_count()).sum();
+    resp::put_array_len(out, 3 + zones + argv);
+    resp::put_bulk(out, verb);
+    resp::put_bulk(out, script);
+    resp::put_bulk_int(out, zones as u64);
+    for a in batch {
+        out.extend_from_slice(a.keys());
+    }
+    for a in batch {
+        out.extend_from_slice(a.argv());
+    }
+}
+
+/// The replies of a call that decided `n` decisions: one per decision, in order, each for
+/// [`decode_decision`] (an error among them concerns that decision alone); or `Err` with the
+/// reply that concerns the whole call (`NOSCRIPT`, a script that could not run), for the caller
+/// to hand to each of the `n`. A call of one decision answers that decision's reply itself.
+pub fn split_batch(reply: Reply, n: usize) -> Result<Vec<Reply>, Reply> {
+    match reply {
+        Reply::Error(_) => Err(reply),
+        reply if n == 1 => Ok(vec![reply]),
+        Reply::Array(Some(items)) if items.len() == n => Ok(items),
+        other => Err(other),
+    }
+}
+
+/// How a zone counts; each algorithm is a section of `lua/decide.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     SlidingLog,
+    /// The same exact log stored as one string: fewer commands and less memory per entry, but
+    /// every admission rewrites the string, so only for small limits (README, Memory).
+    SlidingLogPacked,
     SlidingCounter,
     Gcra,
 }
@@ -45,6 +127,7 @@ impl Algorithm {
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "sliding_log" => Some(Algorithm::SlidingLog),
+            "sliding_log_packed" => Some(Algorithm::SlidingLogPacked),
             "sliding_counter" => Some(Algorithm::SlidingCounter),
             "gcra" => Some(Algorithm::Gcra),
             _ => None,
@@ -55,6 +138,7 @@ impl Algorithm {
     fn code(self) -> &'static [u8] {
         match self {
             Algorithm::SlidingLog => b"l",
+            Algorithm::SlidingLogPacked => b"p",
             Algorithm::SlidingCounter => b"c",
             Algorithm::Gcra => b"g",
         }
@@ -65,7 +149,9 @@ impl Algorithm {
     pub fn capacity(self, limit: u64, burst: u64) -> u64 {
         match self {
             Algorithm::Gcra => burst,
-            Algorithm::SlidingLog | Algorithm::SlidingCounter => limit,
+            Algorithm::SlidingLog | Algorithm::SlidingLogPacked | Algorithm::SlidingCounter => {
+                limit
+            }
         }
     }
 }
@@ -85,13 +171,17 @@ pub struct ZoneArgs<'a> {
 /// Arguments per zone after the key, in the order `lua/decide.lua` reads them.
 const ARGS_PER_ZONE: usize = 5;
 
-/// The arguments of a decision after the script reference, RESP-encoded once so that a
-/// `NOSCRIPT` retry with `EVAL` reuses them unchanged:
-/// `numkeys key.. now (algorithm limit window cost burst)..`.
+/// One decision's share of a call, RESP-encoded once so that it can join any batch and a
+/// `NOSCRIPT` retry with `EVAL` reuses it unchanged: its zone keys, then its arguments
+/// `now (algorithm limit window cost burst)..`, kept apart because a call puts every decision's
+/// keys before all the arguments. The script tells decisions apart by their clocks (numbers or
+/// empty, never an algorithm), so a call of one decision is exactly the command it always was.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodedArgs {
+    /// The keys, then the arguments.
     bytes: Vec<u8>,
-    count: usize,
+    keys_len: usize,
+    zones: usize,
 }
 
 impl EncodedArgs {
@@ -104,11 +194,11 @@ impl EncodedArgs {
         let count = zones.len();
         let key_len = |z: &ZoneArgs<'_>| z.key.parts().iter().map(|p| p.len()).sum::<usize>();
         let mut bytes =
-            Vec::with_capacity(32 + zones.clone().map(|z| key_len(&z) + 96).sum::<usize>());
-        resp::put_bulk_int(&mut bytes, count as u64);
+            Vec::with_capacity(40 + zones.clone().map(|z| key_len(&z) + 96).sum::<usize>());
         for z in zones.clone() {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
+        let keys_len = bytes.len();
         match now_ms {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
@@ -121,24 +211,34 @@ impl EncodedArgs {
             let burst = if z.algorithm == Algorithm::Gcra { z.burst } else { 0 };
             resp::put_bulk_int(&mut bytes, burst);
         }
-        EncodedArgs { bytes, count: 2 + count * (1 + ARGS_PER_ZONE) }
+        EncodedArgs { bytes, keys_len, zones: count }
     }
 
-    /// Appends `EVALSHA sha <args>` to a connection's output buffer.
+    /// The bytes this decision adds to a call, for [`MAX_BATCH_BYTES`].
+    pub fn wire_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn keys(&self) -> &[u8] {
+        &self.bytes[..self.keys_len]
+    }
+
+    fn argv(&self) -> &[u8] {
+        &self.bytes[self.keys_len..]
+    }
+
+    fn argv_count(&self) -> usize {
+        1 + self.zones * ARGS_PER_ZONE
+    }
+
+    /// Appends `EVALSHA sha <args>`: a call of this decision alone.
     pub fn write_evalsha(&self, out: &mut Vec<u8>, sha: &[u8; 40]) {
-        self.write(out, b"EVALSHA", sha);
+        write_call(out, b"EVALSHA", sha, &[self]);
     }
 
     /// Appends `EVAL body <args>`, the fallback when Redis has lost the script.
     pub fn write_eval(&self, out: &mut Vec<u8>, body: &[u8]) {
-        self.write(out, b"EVAL", body);
-    }
-
-    fn write(&self, out: &mut Vec<u8>, verb: &[u8], script: &[u8]) {
-        resp::put_array_len(out, 2 + self.count);
-        resp::put_bulk(out, verb);
-        resp::put_bulk(out, script);
-        out.extend_from_slice(&self.bytes);
+        write_call(out, b"EVAL", body, &[self]);
     }
 }
 
@@ -226,7 +326,9 @@ mod tests {
     fn sha_matches_redis_script_load() {
         // `redis-cli SCRIPT LOAD "return 1"` answers this hash.
         assert_eq!(&sha1_hex(b"return 1"), b"e0e1f9fabfc9d4800c877a703b823ac0578ff8db");
-        assert_eq!(sha1_hex(SCRIPT.as_bytes()).len(), 40);
+        assert_eq!(script().sha, sha1_hex(SCRIPT.as_bytes()));
+        assert_eq!(script().body, SCRIPT);
+        assert!(std::ptr::eq(script(), script()), "one script, its hash computed once");
     }
 
     fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
@@ -266,6 +368,68 @@ mod tests {
         let mut eval_cmd = Vec::new();
         args.write_eval(&mut eval_cmd, b"return 1");
         assert_eq!(eval_cmd, packed("EVAL", b"return 1"));
+
+        // A batch of one is that same call.
+        let s = Script { body: "return 1", sha: [b'f'; 40] };
+        let mut batch = Vec::new();
+        write_batch(&mut batch, Verb::Evalsha, &s, &[&args]);
+        assert_eq!(batch, sha_cmd);
+        batch.clear();
+        write_batch(&mut batch, Verb::Eval, &s, &[&args]);
+        assert_eq!(batch, eval_cmd);
+    }
+
+    #[test]
+    fn a_batch_puts_every_key_before_every_argument() {
+        let one = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 2)];
+        let two = [
+            zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::SlidingLog, 0),
+            zone(Key::new(b"rl:", b"user", b"c"), Algorithm::Gcra, 1),
+        ];
+        let a = EncodedArgs::new(one.iter().copied(), None);
+        let b = EncodedArgs::new(two.iter().copied(), Some(42));
+        let mut cmd = Vec::new();
+        write_batch(&mut cmd, Verb::Evalsha, &Script { body: "", sha: [b'0'; 40] }, &[&a, &b, &a]);
+        let mut expected = redis::cmd("EVALSHA");
+        expected.arg(&[b'0'; 40][..]).arg(4).arg("rl:api:a").arg("rl:ip:b").arg("rl:user:c");
+        expected.arg("rl:api:a");
+        expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+        expected.arg(42).arg("l").arg(100).arg(60_000).arg(0).arg(0);
+        expected.arg("g").arg(100).arg(60_000).arg(1).arg(7);
+        expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+        assert_eq!(cmd, expected.get_packed_command());
+        // What each decision adds: all but the call's header ("*26" against "*3" when empty).
+        let mut empty = Vec::new();
+        write_batch(&mut empty, Verb::Evalsha, &Script { body: "", sha: [b'0'; 40] }, &[]);
+        assert_eq!(cmd.len(), empty.len() + 1 + 2 * a.wire_len() + b.wire_len());
+    }
+
+    #[test]
+    fn splits_a_batch_reply() {
+        let d = |allowed: i64| ints(&[allowed, allowed, 5, 100]);
+        let wrong = Reply::Error(b"WRONGTYPE Operation".to_vec());
+        let three = Reply::Array(Some(vec![d(1), wrong.clone(), d(0)]));
+        let parts = split_batch(three, 3).unwrap();
+        assert_eq!(parts, vec![d(1), wrong.clone(), d(0)]);
+        assert!(decode_decision(&parts[0], 1).unwrap().allowed);
+        assert_eq!(
+            decode_decision(&parts[1], 1),
+            Err(ReplyError::Redis("WRONGTYPE Operation".into()))
+        );
+        assert!(!decode_decision(&parts[2], 1).unwrap().allowed);
+
+        // One decision: the reply is that decision's.
+        assert_eq!(split_batch(d(1), 1), Ok(vec![d(1)]));
+        let noscript = Reply::Error(b"NOSCRIPT No matching script".to_vec());
+        for n in [1, 2] {
+            assert_eq!(split_batch(noscript.clone(), n), Err(noscript.clone()));
+        }
+        // A reply of another shape concerns the whole call; each decision then decodes it as
+        // unexpected.
+        let short = Reply::Array(Some(vec![d(1)]));
+        assert_eq!(split_batch(short.clone(), 2), Err(short.clone()));
+        assert_eq!(decode_decision(&short, 1), Err(ReplyError::Unexpected));
+        assert_eq!(split_batch(Reply::Int(1), 2), Err(Reply::Int(1)));
     }
 
     #[test]
@@ -273,6 +437,9 @@ mod tests {
         let mut out = Vec::new();
         write_script_load(&mut out, b"return 1");
         assert_eq!(out, redis::cmd("SCRIPT").arg("LOAD").arg("return 1").get_packed_command());
+        let mut of_script = Vec::new();
+        write_script_load(&mut of_script, Script { body: "return 1", sha: [b'0'; 40] });
+        assert_eq!(of_script, out);
     }
 
     #[test]
@@ -288,6 +455,8 @@ mod tests {
         assert_eq!(Algorithm::parse("gcra"), Some(Algorithm::Gcra));
         assert_eq!(Algorithm::parse("sliding_counter"), Some(Algorithm::SlidingCounter));
         assert_eq!(Algorithm::parse("sliding_log"), Some(Algorithm::SlidingLog));
+        assert_eq!(Algorithm::parse("sliding_log_packed"), Some(Algorithm::SlidingLogPacked));
+        assert_eq!(Algorithm::SlidingLogPacked.capacity(100, 5), 100);
         assert_eq!(Algorithm::parse("log"), None);
         assert_eq!(Algorithm::Gcra.capacity(100, 5), 5);
         assert_eq!(Algorithm::SlidingLog.capacity(100, 5), 100);

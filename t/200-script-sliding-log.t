@@ -11,8 +11,7 @@ use RLTest;
 use RLTest::Script qw(:all);
 
 my @parts = RLTest::Script::script_parts();
-is_deeply(\@parts, [map { "lua/$_.lua" } qw(sliding_log sliding_counter gcra decide)],
-    'SCRIPT is concat! of the four lua files, in order')
+is_deeply(\@parts, ['lua/decide.lua'], 'SCRIPT is concat! of lua/decide.lua')
     or diag(explain \@parts);
 is(load_script(), script_sha(), 'SCRIPT LOAD answers the SHA-1 of the assembled text');
 {

@@ -14,6 +14,8 @@ package RLTest::Script;
 #   $d->{allowed}; $d->{zones}[0]{ok}, {remaining}, {reset}
 #   verdict($d)                       # "1 | 1 9 1000 | 1 4 100": allowed | ok remaining reset ...
 #   decide_raw(\@keys, @argv)         # the reply as Redis gave it (array, or an Error object)
+#   batch_raw([\@keys, @argv], ...)   # several decisions in one call: the reply as Redis gave it
+#   batch_argv([\@keys, @argv], ...)  # (\@keys, @argv) of that call, for EVAL or a wrapper
 #   steps($name, $t0, \@zones, [$dt, $expected], [$dt, {cost => 3}, $expected], ...)
 #                                     # a literal table: decision at $t0 + $dt must be $expected
 #   snapshot(@keys)                   # every key's type, value and whether it has a TTL, as one string
@@ -33,7 +35,7 @@ use Digest::SHA qw(sha1_hex);
 use Time::HiRes ();
 use RLTest ();
 
-our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw
+our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw batch_raw batch_argv
     verdict redis_error is_error steps snapshot counter_value gcra_value);
 our %EXPORT_TAGS = (all => \@EXPORT_OK);
 
@@ -89,7 +91,7 @@ sub load_script {
 
 # EVALSHA, and after NOSCRIPT (a flushed or restarted Redis) SCRIPT LOAD and
 # EVALSHA again: the reply as Redis gave it.
-sub decide_raw {
+sub evalsha {
     my ($keys, @argv) = @_;
     my @cmd = (scalar @$keys, @$keys, @argv);
     my $r = RLTest::redis_cmd('EVALSHA', script_sha(), @cmd);
@@ -99,6 +101,22 @@ sub decide_raw {
     }
     return $r;
 }
+
+# The keys and arguments of one call deciding each [\@keys, @argv] in order:
+# every decision's keys, then every decision's @argv.
+sub batch_argv {
+    my (@keys, @argv);
+    for my $d (@_) {
+        my ($keys, @a) = @$d;
+        push @keys, @$keys;
+        push @argv, @a;
+    }
+    return (\@keys, @argv);
+}
+
+sub batch_raw { evalsha(batch_argv(@_)) }
+
+sub decide_raw { evalsha(@_) }
 
 sub zone_spec {
     my ($z) = @_;
