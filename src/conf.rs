@@ -79,7 +79,6 @@ pub struct Zone {
 pub struct MainConf {
     pub redis: Option<RedisConf>,
     pub zones: Vec<Zone>,
-    pub script_sha: [u8; 40],
     /// This worker's connections; created on first use, because a single-process reload builds
     /// a new cycle without running `init_process` again.
     pub pool: Cell<*mut WorkerPool>,
@@ -103,7 +102,6 @@ impl Default for MainConf {
         MainConf {
             redis: None,
             zones: Vec::new(),
-            script_sha: [0; 40],
             pool: Cell::new(ptr::null_mut()),
             deny_cache: RefCell::new(None),
             local: RefCell::new(None),

@@ -18,7 +18,7 @@ use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisCo
 use crate::headers::HeaderMode;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
-    valid_zone_name, MAX_LOG_LIMIT,
+    valid_zone_name,
 };
 use crate::redis::resp;
 use crate::script::Algorithm;
@@ -287,14 +287,15 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     }
-    if let (Algorithm::SlidingLog, Param::Fixed(n)) = (algorithm, limit) {
-        if n > MAX_LOG_LIMIT {
+    if let Param::Fixed(n) = limit {
+        if n > algorithm.max_limit() {
             ngx_conf_log_error!(
                 NGX_LOG_EMERG,
                 cf,
-                "limit={n} of \"ratelimit_zone\" directive \"{name}\" is more than \
-                 algorithm=sliding_log keeps ({MAX_LOG_LIMIT} entries per key), use \
-                 algorithm=sliding_counter or algorithm=gcra"
+                "limit={n} of \"ratelimit_zone\" directive \"{name}\" is more than its \
+                 algorithm keeps exactly ({} entries per key), use algorithm=sliding_counter \
+                 or algorithm=gcra",
+                algorithm.max_limit()
             );
             return NGX_CONF_ERROR as _;
         }

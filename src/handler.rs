@@ -22,9 +22,9 @@ use crate::headers::{self, Policy, Quota};
 use crate::key::Key;
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
-use crate::params::{parse_cost, parse_limit, parse_log_limit, parse_window};
+use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
-use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What happened to a main request; read by the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub struct Ctx {
     /// Fires on completion (posted) or at the decision's deadline (timer).
     ev: ngx_event_t,
     args: EncodedArgs,
-    eval_retried: bool,
+    reloaded: bool,
     /// When the decision was asked for: a rejection is remembered from then, so the memory
     /// never outlasts what Redis said.
     started: ngx_msec_t,
@@ -154,11 +154,10 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         if value.len == 0 {
             continue;
         }
-        // The exact log keeps an entry per unit: its limit, and so any cost, is bounded.
-        let limit_parser =
-            if zone.algorithm == Algorithm::SlidingLog { parse_log_limit } else { parse_limit };
+        // The logs keep an entry per unit: their limit, and so any cost, is bounded.
+        let max = zone.algorithm.max_limit();
         let figures = (
-            param(r, zone.limit, limit_parser, "limit"),
+            param(r, zone.limit, |v| parse_limit(v).filter(|&n| n <= max), "limit"),
             param(r, zone.window, parse_window, "window"),
             param(r, limit.cost, parse_cost, "cost"),
         );
@@ -208,13 +207,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
-    // SAFETY: the arguments live in the context, which outlives the pending decision; the hash
-    // lives in the configuration, which outlives every request.
-    let cmd = Command {
-        args: NonNull::from(&ctx.args),
-        sha: &*ptr::from_ref(&mcf.script_sha),
-        reload: false,
-    };
+    // The arguments live in the context, which outlives the pending decision.
+    let cmd = Command { args: NonNull::from(&ctx.args), reload: false };
     match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
         Ok(token) => {
             ctx.waiter.token = Some(token);
@@ -242,7 +236,7 @@ unsafe fn eval(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) ->
 unsafe fn param(
     r: *mut ngx_http_request_t,
     p: Param,
-    parse: fn(&str) -> Option<u64>,
+    parse: impl Fn(&str) -> Option<u64>,
     what: &'static str,
 ) -> Result<u64, Option<(&'static str, String)>> {
     let cv = match p {
@@ -300,7 +294,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
         ev: core::mem::zeroed(),
         args: EncodedArgs::default(),
-        eval_retried: false,
+        reloaded: false,
         started: 0,
         zones: Vec::new(),
         quota: None,
@@ -382,7 +376,7 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
             ctx.waiter.result = Some(Err(RedisError::Timeout));
         }
     }
-    if ctx.waiter.result.is_none() || resubmitted_as_eval(ctx, mcf) {
+    if ctx.waiter.result.is_none() || resubmitted(ctx, mcf) {
         return;
     }
     // The reply and the deadline can arrive in the same event-loop iteration.
@@ -405,21 +399,16 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     ngx_http_run_posted_requests(c);
 }
 
-/// Redis lost the script (restart, `SCRIPT FLUSH`): send it whole with `EVAL`, once, within the
-/// same deadline, preceded by `SCRIPT LOAD` so that the decisions after this one find it again.
-unsafe fn resubmitted_as_eval(ctx: &mut Ctx, mcf: &MainConf) -> bool {
-    if !noscript(ctx) || ctx.eval_retried {
+/// Redis lost the script (restart, `SCRIPT FLUSH`): ask again, once, within the same deadline,
+/// in a call preceded by `SCRIPT LOAD` (one for all the decisions that ask again together).
+unsafe fn resubmitted(ctx: &mut Ctx, mcf: &MainConf) -> bool {
+    if !noscript(ctx) || ctx.reloaded {
         return false;
     }
-    ctx.eval_retried = true;
+    ctx.reloaded = true;
     let Some(pool) = WorkerPool::get(mcf) else { return false };
     ctx.waiter.result = None;
-    // SAFETY: as in `start`.
-    let cmd = Command {
-        args: NonNull::from(&ctx.args),
-        sha: &*ptr::from_ref(&mcf.script_sha),
-        reload: true,
-    };
+    let cmd = Command { args: NonNull::from(&ctx.args), reload: true };
     match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
         Ok(token) => {
             ctx.waiter.token = Some(token);

@@ -51,9 +51,9 @@ unsafe impl HttpModuleLocationConf for RateLimit {
     type LocationConf = LocConf;
 }
 
-unsafe extern "C" fn init_main_conf(_cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
-    let mcf = &mut *(conf as *mut MainConf);
-    mcf.script_sha = script::sha1_hex(script::SCRIPT.as_bytes());
+unsafe extern "C" fn init_main_conf(_cf: *mut ngx_conf_t, _conf: *mut c_void) -> *mut c_char {
+    // Hash the script once, in the master: every worker inherits it.
+    script::script();
     core::ptr::null_mut()
 }
 

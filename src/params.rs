@@ -55,19 +55,10 @@ pub fn parse_uint(value: &str, min: u64, max: u64) -> Option<u64> {
 /// Far above any real limit, and small enough that the scripts' arithmetic stays exact.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
 pub const MAX_WINDOW_MS: u64 = 365 * 86_400_000;
-/// The most a `sliding_log` zone may admit per window: one entry per unit, so this bounds what
-/// one key holds (about 12 MB) and what one decision of that cost has Redis do (about 0.2 s of
-/// `ZADD`s, measured). Larger limits belong to `sliding_counter` or `gcra`, O(1) per key.
-pub const MAX_LOG_LIMIT: u64 = 100_000;
 
 /// A zone's `limit=` (also `burst=`), from the configuration or from a variable.
 pub fn parse_limit(value: &str) -> Option<u64> {
     parse_uint(value, 1, MAX_LIMIT)
-}
-
-/// A `sliding_log` zone's `limit=`.
-pub fn parse_log_limit(value: &str) -> Option<u64> {
-    parse_uint(value, 1, MAX_LOG_LIMIT)
 }
 
 /// A zone's `window=`: a time of at least 1ms and at most a year.
@@ -136,8 +127,6 @@ mod tests {
     fn limits_windows_costs() {
         assert_eq!(parse_limit("1"), Some(1));
         assert_eq!(parse_limit("1000000000"), Some(MAX_LIMIT));
-        assert_eq!(parse_log_limit("100000"), Some(MAX_LOG_LIMIT));
-        assert_eq!(parse_log_limit("100001"), None);
         for bad in ["0", "-1", "1000000001", "10r/s", " 5", ""] {
             assert_eq!(parse_limit(bad), None, "{bad}");
         }

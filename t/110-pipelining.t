@@ -1,6 +1,7 @@
 # Per-worker connection pool: many concurrent decisions share at most
 # pool_size connections per worker, several in flight on one connection
-# (pipelining), and idle connections close after keepalive_timeout.
+# (pipelining), those of one event-loop iteration in one script call
+# (batching), and idle connections close after keepalive_timeout.
 use lib 't/lib';
 use RLTest;
 use Time::HiRes qw(sleep);
@@ -52,6 +53,9 @@ for my $case ([1, 2, 200], [1, 1, 300], [2, 1, 300]) {
     start_nginx(workers => $workers, conf("pool_size=$pool timeout=5s"));
     redis_cmd('CONFIG', 'RESETSTAT');
     is(burst($n, "w$workers$pool"), $n, "$tag: $n concurrent requests all decided");
+    my ($calls) = redis_cmd('INFO', 'commandstats') =~ /^cmdstat_evalsha:calls=(\d+)/m;
+    cmp_ok($calls, '<', $n, "$tag: $n decisions in $calls script calls (batched)")
+        if $pool == 1;
     my $opened = connections_received();
     cmp_ok($opened, '<=', $workers * $pool, "$tag: nginx opened $opened Redis connection(s)");
     my @c = $redis->foreign_clients;

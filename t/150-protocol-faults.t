@@ -343,7 +343,7 @@ for my $err (qw(BUSY LOADING READONLY OOM WRONGTYPE NOAUTH)) {
     cmp_ok(scalar @lines, '<=', 2 + int($spent), "$l: no log flood");
 }
 
-# --- NOSCRIPT forever: EVALSHA, then SCRIPT LOAD + EVAL once, then the
+# --- NOSCRIPT forever: EVALSHA, then SCRIPT LOAD + EVALSHA once, then the
 # fail policy; no loop
 {
     my $l = 'noscript';
@@ -354,8 +354,8 @@ for my $err (qw(BUSY LOADING READONLY OOM WRONGTYPE NOAUTH)) {
     failed_closed($l, timed_get($l, '/c?k=a'));
     sleep 0.1;
     my @cmds = ($fake->command_names)[$before .. $fake->commands - 1];
-    is("@cmds", 'EVALSHA SCRIPT_LOAD EVAL EVALSHA SCRIPT_LOAD EVAL',
-        "$l: one EVAL retry per decision, then the fail policy");
+    is("@cmds", 'EVALSHA SCRIPT_LOAD EVALSHA EVALSHA SCRIPT_LOAD EVALSHA',
+        "$l: one retry after SCRIPT LOAD per decision, then the fail policy");
     is($fake->connections, 1, "$l: the connection is kept");
     recovers($l, $fake);
     finish($l, $pid, fake => $fake, log => [qr/\[error\].*ratelimit: .*NOSCRIPT/]);

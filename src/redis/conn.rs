@@ -22,6 +22,7 @@ use ngx::ffi::{
 
 use super::pool::{complete, Command, RedisError, Token, Waiter, WorkerPool};
 use super::resp;
+use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 
 const READ_CHUNK: usize = 4096;
 /// Decisions written and not yet answered, per connection. Redis runs them one after another,
@@ -46,9 +47,9 @@ struct Queued {
 struct Sent {
     /// When it was written: its reply is due `timeout` later.
     at: ngx_msec_t,
-    /// Whether its reply goes to the oldest decision in flight, or is set-up to drop
-    /// (`AUTH`, `SCRIPT LOAD`).
-    decides: bool,
+    /// How many of the oldest decisions in flight its reply answers; 0 for set-up whose reply
+    /// is dropped (`AUTH`, `SCRIPT LOAD`).
+    decides: usize,
 }
 
 pub struct Conn {
@@ -69,6 +70,9 @@ pub struct Conn {
     /// Commands written, oldest first: one reply each.
     sent: VecDeque<Sent>,
     next_seq: u64,
+    /// `AUTH` is on the wire: nothing follows it until it is accepted, as Redis answers an
+    /// unauthenticated command of more than 10 arguments with a protocol error, not `NOAUTH`.
+    authenticating: bool,
     /// Posted by the first command of an event-loop iteration; writes the whole batch.
     flush_ev: ngx_event_t,
 }
@@ -102,6 +106,7 @@ impl Conn {
                 in_flight: VecDeque::new(),
                 sent: VecDeque::new(),
                 next_seq: 0,
+                authenticating: conf.auth.is_some(),
                 flush_ev: core::mem::zeroed(),
             });
             if (*pool).breaker.failing() {
@@ -145,7 +150,7 @@ impl Conn {
                 // `WRONGPASS` counts as a failure) and then dropped. Its deadline runs from
                 // the connect, as it is written as soon as the connection is.
                 conn.out.extend_from_slice(auth);
-                conn.sent.push_back(Sent { at: ngx_current_msec, decides: false });
+                conn.sent.push_back(Sent { at: ngx_current_msec, decides: 0 });
                 ngx_add_timer((*c).read, conf.timeout);
             }
             if !conf.is_unix {
@@ -218,20 +223,44 @@ impl Conn {
         }
     }
 
-    /// Moves queued decisions into the output buffer while there is room on the wire.
+    /// Moves queued decisions into the output buffer while there is room on the wire, as
+    /// script calls of up to `MAX_BATCH_DECISIONS` decisions and `MAX_BATCH_BYTES` each, in
+    /// order. A batch only ever holds what was queued already: nothing waits for more.
     fn fill(&mut self) {
+        if self.authenticating {
+            return;
+        }
         // SAFETY: a worker's cached clock, read on its only thread.
         let now = unsafe { ngx_current_msec };
+        let mut batch: Vec<&EncodedArgs> = Vec::new();
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
-            let Some(q) = self.queued.pop_front() else { break };
-            // SAFETY: the waiter is pending (a cancelled one left the queue), so its request
-            // and the arguments in its pool are alive.
-            let set_up = unsafe { q.cmd.write(&mut self.out) };
-            for _ in 0..set_up {
-                self.sent.push_back(Sent { at: now, decides: false });
+            let room = MAX_IN_FLIGHT - self.in_flight.len();
+            let (mut bytes, mut reload) = (0, false);
+            batch.clear();
+            for q in self.queued.iter().take(room.min(MAX_BATCH_DECISIONS)) {
+                // SAFETY: a queued decision is pending (a cancelled one left the queue), so
+                // its request and the arguments in its pool are alive.
+                let args = unsafe { q.cmd.args.as_ref() };
+                bytes += args.wire_len();
+                if !batch.is_empty() && bytes > MAX_BATCH_BYTES {
+                    break;
+                }
+                batch.push(args);
+                reload |= q.cmd.reload;
             }
-            self.sent.push_back(Sent { at: now, decides: true });
-            self.in_flight.push_back((q.seq, Some(q.waiter)));
+            if batch.is_empty() {
+                break;
+            }
+            if reload {
+                // Once for the whole batch; Redis runs it before the call that needs it.
+                script::write_script_load(&mut self.out, script::script());
+                self.sent.push_back(Sent { at: now, decides: 0 });
+            }
+            script::write_batch(&mut self.out, script::script(), &batch);
+            self.sent.push_back(Sent { at: now, decides: batch.len() });
+            for q in self.queued.drain(..batch.len()) {
+                self.in_flight.push_back((q.seq, Some(q.waiter)));
+            }
         }
     }
 
@@ -335,12 +364,33 @@ impl Conn {
                             return Conn::close(this, RedisError::UnexpectedReply, true);
                         };
                         replace |= pool.replied(&reply, late);
-                        if !sent.decides {
+                        if sent.decides == 0 {
+                            if conn.authenticating {
+                                // Accepted (a refusal replaced the connection): send the rest.
+                                conn.authenticating = false;
+                                ngx_post_event(
+                                    &mut conn.flush_ev,
+                                    ptr::addr_of_mut!(ngx_posted_events),
+                                );
+                            }
                             continue;
                         }
-                        let (_, waiter) = conn.in_flight.pop_front().expect("a decision per reply");
-                        if let Some(w) = waiter {
-                            complete(w, Ok(reply));
+                        let n = sent.decides;
+                        let decisions = conn.in_flight.drain(..n).map(|(_, w)| w);
+                        match script::split_batch(reply, n) {
+                            Ok(replies) => {
+                                for (w, reply) in decisions.zip(replies) {
+                                    if let Some(w) = w {
+                                        complete(w, Ok(reply));
+                                    }
+                                }
+                            }
+                            // Concerns the whole call (`NOSCRIPT`): every decision of it.
+                            Err(reply) => {
+                                for w in decisions.flatten() {
+                                    complete(w, Ok(reply.clone()));
+                                }
+                            }
                         }
                     }
                     Ok(None) => break,

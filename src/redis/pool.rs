@@ -19,7 +19,7 @@ use super::breaker::{self, Admit, Breaker, Transition};
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::resp::{ProtocolError, Reply};
 use crate::conf::{MainConf, RedisConf};
-use crate::script::{self, EncodedArgs};
+use crate::script::EncodedArgs;
 
 /// A new connection is opened only when every open one already carries this many decisions;
 /// below that, pipelining on few connections is cheaper for Redis and for the worker.
@@ -71,28 +71,8 @@ pub struct Waiter {
 #[derive(Clone, Copy)]
 pub struct Command {
     pub args: NonNull<EncodedArgs>,
-    pub sha: &'static [u8; 40],
-    /// Redis lost the script: `SCRIPT LOAD` it for the decisions that follow, and `EVAL` this one.
+    /// Redis lost the script: `SCRIPT LOAD` it before the call that carries this decision.
     pub reload: bool,
-}
-
-impl Command {
-    /// Appends the command's bytes; returns how many set-up replies precede the decision's.
-    ///
-    /// # Safety
-    /// The arguments are alive (the decision is pending).
-    pub(super) unsafe fn write(&self, out: &mut Vec<u8>) -> usize {
-        let args = self.args.as_ref();
-        if self.reload {
-            let body = script::SCRIPT.as_bytes();
-            script::write_script_load(out, body);
-            args.write_eval(out, body);
-            1
-        } else {
-            args.write_evalsha(out, self.sha);
-            0
-        }
-    }
 }
 
 /// Where a waiter's command sits: valid while the waiter is pending, because closing a
