@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Markdown report of bench/compare.sh: medians, ranges and the issue's targets.
 
-Usage: compare_report.py RAW.tsv META.tsv OUT.md   (standard library only)
+Usage: compare_report.py RAW.tsv META.tsv OUT.md [BEFORE.tsv]   (standard library only)
+
+BEFORE.tsv: the raw rows of an earlier run, whose module p99 the targets compare against.
 
 RAW.tsv has one row per measured run (see compare.sh); META.tsv is key<TAB>value lines.
 Per-request costs are divided by the requests nginx counted during the run (stub_status), not
@@ -92,6 +94,7 @@ def scen_title(s, w, meta):
 
 def main():
     raw_path, meta_path, out_path = sys.argv[1:4]
+    baseline = sys.argv[4] if len(sys.argv) > 4 else None
     rows, meta = load(raw_path, meta_path)
     g = groups(rows)
     out = []
@@ -132,29 +135,27 @@ def main():
                         f"{fmtv.format(x)} ({fmtv.format(lo)}–{fmtv.format(hi)})",
                         ("≥ " if higher_is_better else "≤ ") + f"{target:g}", met))
 
+    before = groups(load(baseline, meta_path)[0]) if baseline else {}
     for sw, c in g.items():
         s = sw[0]
         if not all(k in c for k, _ in CONTENDERS):
             continue
         A, B, C = c["nolimit"], c["lua"], c["module"]
-        if s in ("allow", "keys100k"):
-            ratio_row("requests/s module / Lua", sw, C, B, "rps", 2.0, True)
-            ratio_row("requests/s module / no limiter", sw, C, A, "rps", 0.6, True)
-        if s == "deny":
-            ratio_row("requests/s module / no limiter", sw, C, A, "rps", 0.85, True)
-        ratio_row("Redis CPU per decision module / Lua", sw, C, B, "redis_us", 0.6, False)
-        if s in ("allow", "keys100k"):
-            x = med(C, "calls_script")
-            lo, hi = rng(C, "calls_script")
-            # "Exactly 1": every request is one decision; the tolerance is only for rounding.
-            targets.append(("module's Redis calls from outside per decision", f"{s}, {sw[1]}w",
-                            f"{x:.4f} ({lo:.4f}–{hi:.4f})", "= 1 (±0.001)", abs(x - 1) <= 0.001))
-        if s == "deny":
-            x = med(C, "calls_script")
-            lo, hi = rng(C, "calls_script")
-            targets.append(("module's Redis calls from outside per decision", f"{s}, {sw[1]}w",
-                            f"{x:.4f} ({lo:.4f}–{hi:.4f})", "far below 1 (taken as < 0.1)", x < 0.1))
-        ratio_row("p99 latency module / Lua", sw, C, B, "p99_us", 1.0, False)
+        if s == "allow":
+            ratio_row("Redis CPU per decision module / Lua", sw, C, B, "redis_us", 0.5, False)
+            x = med(C, "cpu_us") - med(A, "cpu_us")
+            lo, hi = rng(C, "cpu_us")
+            targets.append(("worker CPU per request module − no limiter, µs", f"{s}, {sw[1]}w",
+                            f"{x:+.1f} (module {lo:.1f}–{hi:.1f})", "≤ +3", x <= 3))
+        if s == "allow" and sw[1] == 1:
+            ratio_row("requests/s module / no limiter", sw, C, A, "rps", 0.65, True)
+            ratio_row("requests/s module / Lua", sw, C, B, "rps", 1.6, True)
+        old = before.get(sw, {}).get("module")
+        if old:
+            x, was = med(C, "p99_us"), med(old, "p99_us")
+            targets.append(("p99 latency module, now / before (bench/compare-before.tsv)",
+                            f"{s}, {sw[1]}w", f"{x / was:.2f} ({ms(x)} ms / {ms(was)} ms)",
+                            "≤ 1", x <= was))
 
     w("## Targets of the issue\n")
     w("Ratios of medians; in brackets the range of the same ratio within each round.\n")
