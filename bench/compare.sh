@@ -381,6 +381,8 @@ pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo "?"; }
 } > "$tmp/meta.tsv"
 
 cp "$tmp/raw.tsv" "$OUT_TSV"
+# Kept beside the rows, so that the report can be written again (compare_report.py).
+cp "$tmp/meta.tsv" "${OUT_TSV%.tsv}.meta.tsv"
 # The module's p99 before issue 10 (batching), for its "no worse than before" target.
 python3 "$BENCH/compare_report.py" "$OUT_TSV" "$tmp/meta.tsv" "$OUT_MD" "$BENCH/compare-before.tsv" \
     || die "compare_report.py failed"

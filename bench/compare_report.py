@@ -150,12 +150,15 @@ def main():
         if s == "allow" and sw[1] == 1:
             ratio_row("requests/s module / no limiter", sw, C, A, "rps", 0.65, True)
             ratio_row("requests/s module / Lua", sw, C, B, "rps", 1.6, True)
-        old = before.get(sw, {}).get("module")
-        if old:
-            x, was = med(C, "p99_us"), med(old, "p99_us")
-            targets.append(("p99 latency module, now / before (bench/compare-before.tsv)",
-                            f"{s}, {sw[1]}w", f"{x / was:.2f} ({ms(x)} ms / {ms(was)} ms)",
-                            "≤ 1", x <= was))
+        old = before.get(sw, {})
+        if "module" in old and "nolimit" in old:
+            # Relative to the no limiter of the same run: runs on a shared 2-core machine differ
+            # in load, and the no limiter's p99 moves with it.
+            x = med(C, "p99_us") / med(A, "p99_us")
+            was = med(old["module"], "p99_us") / med(old["nolimit"], "p99_us")
+            targets.append(("p99 module / no limiter, now vs before (bench/compare-before.tsv)",
+                            f"{s}, {sw[1]}w", f"{x:.2f} (before {was:.2f})", "≤ before",
+                            x <= was))
 
     w("## Targets of the issue\n")
     w("Ratios of medians; in brackets the range of the same ratio within each round.\n")
