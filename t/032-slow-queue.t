@@ -18,7 +18,7 @@ my $D = 20;
 
 my $fake = fake_redis(name => 'slow', mode => 'ok', reply_delay => 0.01, read_chunk => 4096);
 my $port = $fake->port;
-start_nginx(workers => 1, main_config => "worker_rlimit_nofile 4096;",
+start_nginx(workers => 1,
     events => "worker_connections 4096;",
     http_config => <<"EOF", config => <<'EOF');
     large_client_header_buffers 4 8k;
