@@ -23,8 +23,9 @@ use crate::key::Key;
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
+use crate::quota::Period;
 use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
-use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What happened to a main request; read by the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +103,8 @@ impl ZoneReq {
     }
 
     fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
-        let (limit, window_ms, cost) = (self.limit, self.window_ms, self.cost);
+        let (limit, cost) = (self.limit, self.cost);
+        let window_ms = zone.period.map_or(self.window_ms, Period::encode);
         ZoneArgs {
             key: self.key,
             algorithm: zone.algorithm,
@@ -162,7 +164,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             param(r, limit.cost, parse_cost, "cost"),
         );
         let (limit_n, window_ms, cost) = match figures {
-            (Ok(l), Ok(w), Ok(c)) => (l, w, c),
+            (Ok(l), Ok(w), Ok(c)) => (l, zone.period.map_or(w, |p| p.length_ms(wall_ms())), c),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
                 fail(ctx, lcf, mcf, Failure::BadValue(what, zone.name.clone(), value));
@@ -200,10 +202,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     }
 
     // One clock per decision: the gateway's only when every zone asks for it.
-    let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| {
-        let tp = ngx_timeofday();
-        tp.sec as u64 * 1000 + tp.msec as u64
-    });
+    let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
@@ -226,6 +225,11 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
 }
 
 /// A complex value evaluated into the request's pool.
+unsafe fn wall_ms() -> u64 {
+    let tp = ngx_timeofday();
+    tp.sec as u64 * 1000 + tp.msec as u64
+}
+
 unsafe fn eval(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) -> Option<ngx_str_t> {
     let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
     (ngx_http_complex_value(r, cv, &mut value) == 0).then_some(value)
@@ -593,11 +597,18 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();
         let (limit, window_ms) = (z.limit, z.window_ms);
-        let quota = Quota { zone: name, limit, window_ms, remaining, reset_ms, rejected };
+        let quota = Quota {
+            zone: name,
+            limit,
+            window_ms: policy_window(mcf, z),
+            remaining,
+            reset_ms,
+            rejected,
+        };
         let policies = ctx.zones.iter().map(|z| Policy {
             zone: &mcf.zones[z.zone].name,
             limit: z.limit,
-            window_ms: z.window_ms,
+            window_ms: policy_window(mcf, z),
         });
         if headers::format(lcf.headers(), &quota, policies, |name, value| {
             add_header(r, name, value)
@@ -617,9 +628,21 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         }
     }
     match ctx.status {
-        _ if rejected => lcf.status() as ngx_int_t,
+        _ if rejected => {
+            let zone_status = ctx.quota.and_then(|(i, ..)| mcf.zones[ctx.zones[i].zone].status);
+            zone_status.map_or(lcf.status(), |s| s as ngx_uint_t) as ngx_int_t
+        }
         Status::FailedClosed => NGX_HTTP_SERVICE_UNAVAILABLE as ngx_int_t,
         _ => NGX_DECLINED as ngx_int_t,
+    }
+}
+
+/// The window the headers announce: none for a balance, which only an operator refills.
+fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
+    if mcf.zones[z.zone].algorithm == Algorithm::Balance {
+        0
+    } else {
+        z.window_ms
     }
 }
 

@@ -9,6 +9,7 @@ pub mod headers;
 pub mod key;
 mod local_limit;
 pub mod params;
+pub mod quota;
 pub mod redis;
 pub mod script;
 pub mod text;
