@@ -630,7 +630,7 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     match ctx.status {
         _ if rejected => {
             let zone_status = ctx.quota.and_then(|(i, ..)| mcf.zones[ctx.zones[i].zone].status);
-            zone_status.map_or(lcf.status(), |s| s as ngx_uint_t) as ngx_int_t
+            zone_status.map_or(lcf.status() as ngx_int_t, |s| s as ngx_int_t)
         }
         Status::FailedClosed => NGX_HTTP_SERVICE_UNAVAILABLE as ngx_int_t,
         _ => NGX_DECLINED as ngx_int_t,
