@@ -17,8 +17,8 @@ my $http = <<"EOF";
 EOF
 my $config = <<'EOF';
     ratelimit_fail closed;
-    location /q { ratelimit monthly; }
-    location /b { ratelimit credits; }
+    location /t { ratelimit monthly; }
+    location /u { ratelimit credits; }
 EOF
 my @gw = map { start_nginx(name => $_, workers => 2, http_config => $http, config => $config) }
     qw(a b);
@@ -32,7 +32,7 @@ sub fire {
 }
 
 for my $round (1 .. 2) {
-    my $by = fire("/q?k=q$round");
+    my $by = fire("/t?k=q$round");
     is($by->{200} // 0, $LIMIT, "quota round $round: exactly $LIMIT of $N admitted") or diag(explain $by);
     is($by->{429} // 0, $N - $LIMIT, "quota round $round: the others rejected with 429");
 }
@@ -40,7 +40,7 @@ for my $round (1 .. 2) {
 for my $round (1 .. 2) {
     my $key = "b$round";
     redis_cmd('SET', "rl:credits:$key", $LIMIT);
-    my $by = fire("/b?k=$key");
+    my $by = fire("/u?k=$key");
     is($by->{200} // 0, $LIMIT, "balance round $round: exactly $LIMIT of $N admitted") or diag(explain $by);
     is($by->{402} // 0, $N - $LIMIT, "balance round $round: the others rejected with 402");
     is(redis_cmd('GET', "rl:credits:$key"), '0', "balance round $round: the balance is 0, not below");
@@ -59,7 +59,7 @@ for my $round (1 .. 3) {
             . "redis-cli -p $port INCRBY rl:credits:$key 10 >/dev/null; done";
         die "exec: $!";
     }
-    my $by = fire("/b?k=$key");
+    my $by = fire("/u?k=$key");
     waitpid $pid, 0;
     my $left = redis_cmd('GET', "rl:credits:$key");
     cmp_ok($left, '>=', 0, "top-up round $round: the balance never went below 0 ($left left)");
