@@ -297,6 +297,7 @@ unsafe extern "C" fn cmd_zone(
     if algorithm == Algorithm::Balance && window.is_none() {
         window = Some(Param::Fixed(MAX_WINDOW_MS));
     } else if algorithm == Algorithm::CalendarQuota && window.is_none() {
+        // Each request takes the length of its period (the script gets the period itself).
         window = Some(Param::Fixed(1));
     } else if algorithm == Algorithm::CalendarQuota || algorithm == Algorithm::Balance {
         return zone_error(cf, name, "\"window=\" is not for a calendar quota or a balance");

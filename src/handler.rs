@@ -224,12 +224,14 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     }
 }
 
-/// A complex value evaluated into the request's pool.
+/// The gateway's clock: `clock=nginx`'s now, and the time whose calendar period a quota's
+/// headers describe.
 unsafe fn wall_ms() -> u64 {
     let tp = ngx_timeofday();
     tp.sec as u64 * 1000 + tp.msec as u64
 }
 
+/// A complex value evaluated into the request's pool.
 unsafe fn eval(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) -> Option<ngx_str_t> {
     let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
     (ngx_http_complex_value(r, cv, &mut value) == 0).then_some(value)
