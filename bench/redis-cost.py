@@ -199,48 +199,43 @@ def run(server, v, decisions):
     return {"cpu": used * 1e6 / n, "script": script_usec / n, "cmds": inner / n}
 
 
-def packed_memory(server, n, keys):
-    """MEMORY USAGE per key and used_memory per entry of the packed log, n entries on each of
-    `keys` keys, written by the script (gateway clock, 100 ms apart, in one window)."""
+def script_memory(server, calls, keys):
+    """The used_memory delta and MEMORY USAGE per key after the script ran `calls(sha)`, lists
+    of EVALSHA commands run in turn, each admitted, on keys rl:api:0 .. rl:api:keys-1."""
     c = server.client
     sha = c.cmd("SCRIPT", "LOAD", M.script_text())
     c.cmd("FLUSHALL", "SYNC")
     before = M.used_memory(c)
     fc = M.Client(server.port)
-    t0 = 1_700_000_000_000
-    for r in range(n):
-        cmds = [M.encode(["EVALSHA", sha, 1, "rl:api:%d" % k, t0 + 100 * r, "p", n,
-                          3_600_000, 1, 0]) for k in range(keys)]
-        for rep in fc.pipeline(cmds):
+    for cmds in calls(sha):
+        for rep in fc.pipeline([M.encode(cmd) for cmd in cmds]):
             if isinstance(rep, M.RedisError) or rep[0] != 1:
-                raise SystemExit("packed memory: %r" % rep)
+                raise SystemExit("memory: %r" % rep)
     fc.sock.close()
     time.sleep(0.2)
     delta = M.used_memory(c) - before
     usage = c.pipeline([M.encode(["MEMORY", "USAGE", "rl:api:%d" % k, "SAMPLES", "0"])
                         for k in range(min(keys, 200))])
-    return {"n": n, "keys": keys, "entry": delta / (keys * n), "key": sum(usage) / len(usage)}
+    return delta, sum(usage) / len(usage)
+
+
+def packed_memory(server, n, keys):
+    """MEMORY USAGE per key and used_memory per entry of the packed log, n entries on each of
+    `keys` keys, written by the script (gateway clock, 100 ms apart, in one window)."""
+    t0 = 1_700_000_000_000
+    delta, key = script_memory(server, lambda sha: (
+        [["EVALSHA", sha, 1, "rl:api:%d" % k, t0 + 100 * r, "p", n, 3_600_000, 1, 0]
+         for k in range(keys)] for r in range(n)), keys)
+    return {"n": n, "keys": keys, "entry": delta / (keys * n), "key": key}
 
 
 def key_memory(server, alg, keys):
     """MEMORY USAGE and used_memory delta per key of an O(1) algorithm ("q", "b"): one
     admitted decision per key, written by the script."""
-    c = server.client
-    sha = c.cmd("SCRIPT", "LOAD", M.script_text())
-    c.cmd("FLUSHALL", "SYNC")
-    before = M.used_memory(c)
-    fc = M.Client(server.port)
-    cmds = [M.encode(["EVALSHA", sha, 1, "rl:api:%d" % k, 1_700_000_000_000]
-                     + zone_argv(alg, 0)) for k in range(keys)]
-    for rep in fc.pipeline(cmds):
-        if isinstance(rep, M.RedisError) or rep[0] != 1:
-            raise SystemExit("%s memory: %r" % (alg, rep))
-    fc.sock.close()
-    time.sleep(0.2)
-    delta = M.used_memory(c) - before
-    usage = c.pipeline([M.encode(["MEMORY", "USAGE", "rl:api:%d" % k, "SAMPLES", "0"])
-                        for k in range(min(keys, 200))])
-    return {"alg": ALGS[alg], "keys": keys, "delta": delta / keys, "key": sum(usage) / len(usage)}
+    delta, key = script_memory(server, lambda sha: [
+        [["EVALSHA", sha, 1, "rl:api:%d" % k, 1_700_000_000_000] + zone_argv(alg, 0)
+         for k in range(keys)]], keys)
+    return {"alg": ALGS[alg], "keys": keys, "delta": delta / keys, "key": key}
 
 
 def main():
