@@ -197,3 +197,24 @@ qr/"missing=" needs "algorithm=balance"/
 --- must_die
 --- error_log eval
 qr/invalid value "utc_offset=\+25:00" in "ratelimit_zone"/
+
+
+
+=== TEST 12: a quota's rejection is remembered until the period ends; a balance's is not
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone weekly  key=$arg_k limit=1 period=week;
+    ratelimit_zone credits key=$arg_k limit=9 algorithm=balance;
+--- config
+    location /t { ratelimit weekly; add_header X-RL $ratelimit_status always; }
+    location /u { ratelimit credits; add_header X-RL "$ratelimit_status $ratelimit_reset" always; }
+--- redis
+SET rl:credits:a 0
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /u?k=a", "GET /u?k=a"]
+--- error_code eval
+[200, 429, 429, 429, 429]
+--- response_headers eval
+["X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED_CACHED", "X-RL: REJECTED 0", "X-RL: REJECTED 0"]
+--- response_headers_like eval
+[undef, "Retry-After: ^([1-9][0-9]{0,5})\$", "Retry-After: ^([1-9][0-9]{0,5})\$", undef, undef]
