@@ -17,6 +17,8 @@
 --   "b" (credit balance): limit only names the plan (the script ignores it), window is ignored,
 --                        burst = the balance a missing key starts with (0: a missing key is
 --                        an empty balance)
+--   "B" (balance admin, a decision of its own): window 1 sets the balance to cost, 2 adds
+--                        cost to it; limit and burst are ignored
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
 -- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
@@ -28,7 +30,8 @@
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
 --             otherwise: ms until the zone admits one unit more than `remaining` (0 if full)
 --             "q": always the ms to the period's end, when the whole limit is back
---             "b": always 0, only an operator refills a balance
+--             "b": always 0, only an operator refills a balance ("B": the same, remaining is
+--             the balance written)
 -- or an error for that decision alone (bad arguments, a key holding other data).
 -- A call of one decision answers that decision's reply itself; a call of several, the array of
 -- their replies in order. Keys that do not add up fail the whole call.
@@ -189,7 +192,8 @@ repeat
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
           or (alg ~= 'l' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g' and alg ~= 'q'
-            and alg ~= 'b')
+            and alg ~= 'b' and alg ~= 'B')
+          or (alg == 'B' and w ~= 1 and w ~= 2)
           or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
           or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
         result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
@@ -205,7 +209,7 @@ repeat
         end
         if v and not (alg == 'c' and #v == COUNTER_LEN or alg == 'g' and #v == GCRA_LEN
             or alg == 'p' and #v % PACKED_LEN == 0 or alg == 'q' and #v == QUOTA_LEN
-            or alg == 'b' and string.match(v, '^%-?%d+$')) then
+            or (alg == 'b' or alg == 'B') and string.match(v, '^%-?%d+$')) then
           result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
           break
         end
@@ -288,6 +292,8 @@ repeat
         local balance = missing and burst or tonumber(v)
         s1[i], s2[i] = balance, missing
         ok = cost == 0 or balance >= cost
+      elseif alg == 'B' then
+        ok = true
       else
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
         local ms, r = now, 0
@@ -463,6 +469,16 @@ repeat
           end
         end
         remaining = max(0, balance)
+        reset = 0
+      elseif alg == 'B' then
+        -- KEEPTTL and INCRBY keep credits that lapse lapsing.
+        if w == 1 then
+          call('SET', key, ARGV[p + 3], 'KEEPTTL')
+          remaining = cost
+        else
+          remaining = call('INCRBY', key, ARGV[p + 3])
+        end
+        remaining = max(0, remaining)
         reset = 0
       else
         local ms, r = s1[i], s2[i]

@@ -139,6 +139,8 @@ pub struct LocConf {
     pub log_level: Option<ngx_uint_t>,
     pub deny_cache: Option<bool>,
     pub fail_local_share: Option<u64>,
+    /// `ratelimit_admin`: the balance zone this location administers; not inherited.
+    pub admin_zone: Option<usize>,
 }
 
 impl LocConf {

@@ -12,10 +12,12 @@ use ngx::ffi::{
     NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF,
     NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::headers::HeaderMode;
+use crate::module::RateLimit;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
     valid_zone_name, MAX_WINDOW_MS,
@@ -42,7 +44,7 @@ const fn command(
     }
 }
 
-pub static mut COMMANDS: [ngx_command_t; 11] = [
+pub static mut COMMANDS: [ngx_command_t; 12] = [
     command(
         ngx_string!("ratelimit_redis"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -101,6 +103,12 @@ pub static mut COMMANDS: [ngx_command_t; 11] = [
         ngx_string!("ratelimit_deny_cache"),
         LOC_CONTEXTS | NGX_CONF_FLAG,
         cmd_deny_cache,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_admin"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
+        cmd_admin,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     ngx_command_t::empty(),
@@ -353,6 +361,37 @@ unsafe extern "C" fn cmd_zone(
         period: period.map(|kind| Period { kind, offset_min: offset_min.unwrap_or(0) }),
         status,
     });
+    NGX_CONF_OK
+}
+
+/// The location's content: reading and writing a balance zone's credits (`crate::admin`).
+unsafe extern "C" fn cmd_admin(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    if lcf.admin_zone.is_some() {
+        return IS_DUPLICATE;
+    }
+    let name = text(&args(cf)[1]);
+    let (Some(mcf), Some(clcf)) =
+        (RateLimit::main_conf(&*cf), NgxHttpCoreModule::location_conf_mut(&*cf))
+    else {
+        return NGX_CONF_ERROR as _;
+    };
+    let zone = mcf.zones.iter().position(|z| z.name == name && z.algorithm == Algorithm::Balance);
+    let (Some(zone), Some(_)) = (zone, mcf.redis.as_ref()) else {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"ratelimit_admin\" needs \"ratelimit_redis\" and a zone \"{name}\" with \
+             algorithm=balance declared before it"
+        );
+        return NGX_CONF_ERROR as _;
+    };
+    lcf.admin_zone = Some(zone);
+    clcf.handler = Some(crate::admin::content_handler);
     NGX_CONF_OK
 }
 

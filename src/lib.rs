@@ -15,6 +15,8 @@ pub mod script;
 pub mod text;
 
 #[cfg(not(test))]
+mod admin;
+#[cfg(not(test))]
 mod conf;
 #[cfg(not(test))]
 mod directives;

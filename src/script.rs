@@ -111,6 +111,8 @@ pub enum Algorithm {
     /// A balance of credits the operator sets and tops up; requests draw their cost from it.
     /// The burst field carries the balance of a missing key (0: none).
     Balance,
+    /// Not a zone's: `ratelimit_admin` sets (window field 1) or adds to (2) a balance the cost.
+    BalanceAdmin,
 }
 
 impl Algorithm {
@@ -134,6 +136,7 @@ impl Algorithm {
             Algorithm::Gcra => b"g",
             Algorithm::CalendarQuota => b"q",
             Algorithm::Balance => b"b",
+            Algorithm::BalanceAdmin => b"B",
         }
     }
 
@@ -151,7 +154,8 @@ impl Algorithm {
             Algorithm::SlidingCounter
             | Algorithm::Gcra
             | Algorithm::CalendarQuota
-            | Algorithm::Balance => MAX_LIMIT,
+            | Algorithm::Balance
+            | Algorithm::BalanceAdmin => MAX_LIMIT,
         }
     }
 
@@ -159,7 +163,7 @@ impl Algorithm {
         match self {
             Algorithm::Gcra => burst,
             // Only the balance itself, in Redis, says how much one request may take.
-            Algorithm::Balance => u64::MAX,
+            Algorithm::Balance | Algorithm::BalanceAdmin => u64::MAX,
             Algorithm::SlidingLog
             | Algorithm::SlidingLogPacked
             | Algorithm::SlidingCounter

@@ -170,6 +170,22 @@ for my $m (@months) {
     is(verdict(decide($t, [$k, 'b', 100, 1, 1, -1])), 'ERR:ERR ratelimit: bad arguments for zone 1',
         'a negative grant is refused');
 }
+# Balance admin ("B"): window 1 sets, 2 adds; a decision of its own.
+{
+    my $k = 'rl:credits:admin';
+    is(verdict(decide(1, [$k, 'B', 1, 2, 5])), '1 | 1 5 0', 'add to a missing balance');
+    is(verdict(decide(1, [$k, 'B', 1, 2, 7])), '1 | 1 12 0', 'add');
+    redis_cmd('PEXPIRE', $k, 600_000);
+    is(verdict(decide(1, [$k, 'B', 1, 1, 3])), '1 | 1 3 0', 'set');
+    is(redis_cmd('GET', $k), '3', 'the balance set');
+    ok(redis_cmd('PTTL', $k) > 0, 'setting keeps the TTL');
+    is(verdict(decide(1, [$k, 'B', 1, 1, 0])), '1 | 1 0 0', 'set to 0');
+    is(verdict(decide(1, [$k, 'B', 1, 3, 1])), 'ERR:ERR ratelimit: bad arguments for zone 1',
+        'an unknown mode');
+    redis_cmd('SET', $k, 'x');
+    is(verdict(decide(1, [$k, 'B', 1, 2, 1])), "ERR:WRONGTYPE ratelimit: $k holds other data",
+        'not a balance');
+}
 sub show { my $v = shift; $v =~ /\A[\x20-\x7e]*\z/ ? "\"$v\"" : 'binary' }
 
 done_testing();
