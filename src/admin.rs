@@ -7,18 +7,19 @@ use core::ptr::{self, NonNull};
 
 use ngx::core::Pool;
 use ngx::ffi::{
-    ngx_add_timer, ngx_chain_t, ngx_create_temp_buf, ngx_del_timer, ngx_delete_posted_event,
-    ngx_event_t, ngx_http_arg, ngx_http_cleanup_add, ngx_http_discard_request_body,
-    ngx_http_finalize_request, ngx_http_output_filter, ngx_http_request_t,
-    ngx_http_run_posted_requests, ngx_http_send_header, ngx_int_t, ngx_str_t, ngx_uint_t, NGX_DONE,
-    NGX_ERROR, NGX_HTTP_BAD_GATEWAY, NGX_HTTP_BAD_REQUEST, NGX_HTTP_OK, NGX_OK,
+    ngx_add_timer, ngx_chain_t, ngx_create_temp_buf, ngx_event_t, ngx_http_arg,
+    ngx_http_cleanup_add, ngx_http_discard_request_body, ngx_http_finalize_request,
+    ngx_http_output_filter, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_send_header,
+    ngx_int_t, ngx_str_t, ngx_uint_t, NGX_DONE, NGX_ERROR, NGX_HTTP_BAD_GATEWAY,
+    NGX_HTTP_BAD_REQUEST, NGX_HTTP_OK, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
+use crate::handler::{detach, submit};
 use crate::key::Key;
 use crate::module::RateLimit;
 use crate::params::parse_cost;
-use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
+use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 use crate::script::{self, Algorithm, EncodedArgs, ReplyError, ZoneArgs};
 
 struct AdminCtx {
@@ -85,7 +86,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     // Timer code logs `ev->data` as a connection; the context is found with container_of.
     c.ev.data = (*r).connection as *mut c_void;
     c.ev.log = (*(*r).connection).log;
-    if !submit(c, mcf, false) {
+    if !submit(mcf, &mut c.waiter, &c.args, false) {
         return finish(c);
     }
     ngx_add_timer(&mut c.ev, redis.timeout);
@@ -94,36 +95,9 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     NGX_DONE as ngx_int_t
 }
 
-/// Queues the call; false with the error as the result when the pool refuses it.
-unsafe fn submit(ctx: &mut AdminCtx, mcf: &crate::conf::MainConf, reload: bool) -> bool {
-    let Some(pool) = WorkerPool::get(mcf) else {
-        ctx.waiter.result = Some(Err(RedisError::Unavailable));
-        return false;
-    };
-    let cmd = Command { args: NonNull::from(&ctx.args), reload };
-    match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
-        Ok(token) => {
-            ctx.waiter.token = Some(token);
-            true
-        }
-        Err(e) => {
-            ctx.waiter.result = Some(Err(e));
-            false
-        }
-    }
-}
-
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut AdminCtx);
-    if let Some(token) = ctx.waiter.token.take() {
-        WorkerPool::cancel(token);
-    }
-    if ctx.ev.timer_set() != 0 {
-        ngx_del_timer(&mut ctx.ev);
-    }
-    if ctx.ev.posted() != 0 {
-        ngx_delete_posted_event(&mut ctx.ev);
-    }
+    detach(&mut ctx.waiter, &mut ctx.ev);
 }
 
 unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
@@ -144,12 +118,11 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     }
     if noscript && !ctx.reloaded {
         ctx.reloaded = true;
-        ctx.waiter.result = None;
-        if submit(ctx, mcf, true) {
+        if submit(mcf, &mut ctx.waiter, &ctx.args, true) {
             return;
         }
     }
-    cleanup(ctx as *mut AdminCtx as *mut c_void);
+    detach(&mut ctx.waiter, &mut ctx.ev);
     let c = (*r).connection;
     ngx_http_finalize_request(r, finish(ctx));
     ngx_http_run_posted_requests(c);

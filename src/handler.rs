@@ -350,14 +350,19 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 /// once. The context itself stays readable for the access log. Idempotent: it runs twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
-    if let Some(token) = ctx.waiter.token.take() {
+    detach(&mut ctx.waiter, &mut ctx.ev);
+}
+
+/// Leaves the pool and the event loop: nothing will complete or wake this waiter any more.
+pub unsafe fn detach(waiter: &mut Waiter, ev: &mut ngx_event_t) {
+    if let Some(token) = waiter.token.take() {
         WorkerPool::cancel(token);
     }
-    if ctx.ev.timer_set() != 0 {
-        ngx_del_timer(&mut ctx.ev);
+    if ev.timer_set() != 0 {
+        ngx_del_timer(ev);
     }
-    if ctx.ev.posted() != 0 {
-        ngx_delete_posted_event(&mut ctx.ev);
+    if ev.posted() != 0 {
+        ngx_delete_posted_event(ev);
     }
 }
 
@@ -412,16 +417,26 @@ unsafe fn resubmitted(ctx: &mut Ctx, mcf: &MainConf) -> bool {
         return false;
     }
     ctx.reloaded = true;
+    submit(mcf, &mut ctx.waiter, &ctx.args, true)
+}
+
+/// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses.
+pub unsafe fn submit(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    reload: bool,
+) -> bool {
     let Some(pool) = WorkerPool::get(mcf) else { return false };
-    ctx.waiter.result = None;
-    let cmd = Command { args: NonNull::from(&ctx.args), reload: true };
-    match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
+    waiter.result = None;
+    let cmd = Command { args: NonNull::from(args), reload };
+    match pool.submit(NonNull::from(&mut *waiter), cmd) {
         Ok(token) => {
-            ctx.waiter.token = Some(token);
+            waiter.token = Some(token);
             true
         }
         Err(e) => {
-            ctx.waiter.result = Some(Err(e));
+            waiter.result = Some(Err(e));
             false
         }
     }
