@@ -45,7 +45,8 @@ WARMUP = 20_000
 with open(os.path.join(M.ROOT, "t", "ref", "decide-v1.lua"), "rb") as f:
     OLD_SCRIPT = f.read()
 
-ALGS = {"l": "sliding_log", "p": "sliding_log_packed", "c": "sliding_counter", "g": "gcra"}
+ALGS = {"l": "sliding_log", "p": "sliding_log_packed", "c": "sliding_counter", "g": "gcra",
+        "q": "calendar quota (month)", "b": "balance"}
 
 
 class Variant:
@@ -75,8 +76,11 @@ def article():
 
 
 def zone_argv(alg, now, limit=LIMIT):
-    burst = str(limit) if alg == "g" else "0"
-    return [alg, str(limit), str(WINDOW), "1", burst]
+    # "q": the window field is the period, a month in UTC (lua/decide.lua); "b": burst is the
+    # balance of a missing key, large enough that every decision is admitted.
+    window = "14404" if alg == "q" else str(WINDOW)
+    burst = {"g": str(limit), "b": "1000000000"}.get(alg, "0")
+    return [alg, str(limit), window, "1", burst]
 
 
 def old(alg, clock):
@@ -106,6 +110,8 @@ VARIANTS = [
     new("p", "redis", 1), new("p", "redis", 16),
     new("c", "redis", 1), new("c", "redis", 16),
     new("g", "redis", 1), new("g", "redis", 16),
+    new("q", "redis", 1), new("q", "redis", 16),
+    new("b", "redis", 1), new("b", "redis", 16),
 ]
 # Keys and entries per key such that the warm-up and the run (70,000 decisions over the keys)
 # stay under the limit: about half full.
@@ -193,27 +199,43 @@ def run(server, v, decisions):
     return {"cpu": used * 1e6 / n, "script": script_usec / n, "cmds": inner / n}
 
 
-def packed_memory(server, n, keys):
-    """MEMORY USAGE per key and used_memory per entry of the packed log, n entries on each of
-    `keys` keys, written by the script (gateway clock, 100 ms apart, in one window)."""
+def script_memory(server, calls, keys):
+    """The used_memory delta and MEMORY USAGE per key after the script ran `calls(sha)`, lists
+    of EVALSHA commands run in turn, each admitted, on keys rl:api:0 .. rl:api:keys-1."""
     c = server.client
     sha = c.cmd("SCRIPT", "LOAD", M.script_text())
     c.cmd("FLUSHALL", "SYNC")
     before = M.used_memory(c)
     fc = M.Client(server.port)
-    t0 = 1_700_000_000_000
-    for r in range(n):
-        cmds = [M.encode(["EVALSHA", sha, 1, "rl:api:%d" % k, t0 + 100 * r, "p", n,
-                          3_600_000, 1, 0]) for k in range(keys)]
-        for rep in fc.pipeline(cmds):
+    for cmds in calls(sha):
+        for rep in fc.pipeline([M.encode(cmd) for cmd in cmds]):
             if isinstance(rep, M.RedisError) or rep[0] != 1:
-                raise SystemExit("packed memory: %r" % rep)
+                raise SystemExit("memory: %r" % rep)
     fc.sock.close()
     time.sleep(0.2)
     delta = M.used_memory(c) - before
     usage = c.pipeline([M.encode(["MEMORY", "USAGE", "rl:api:%d" % k, "SAMPLES", "0"])
                         for k in range(min(keys, 200))])
-    return {"n": n, "keys": keys, "entry": delta / (keys * n), "key": sum(usage) / len(usage)}
+    return delta, sum(usage) / len(usage)
+
+
+def packed_memory(server, n, keys):
+    """MEMORY USAGE per key and used_memory per entry of the packed log, n entries on each of
+    `keys` keys, written by the script (gateway clock, 100 ms apart, in one window)."""
+    t0 = 1_700_000_000_000
+    delta, key = script_memory(server, lambda sha: (
+        [["EVALSHA", sha, 1, "rl:api:%d" % k, t0 + 100 * r, "p", n, 3_600_000, 1, 0]
+         for k in range(keys)] for r in range(n)), keys)
+    return {"n": n, "keys": keys, "entry": delta / (keys * n), "key": key}
+
+
+def key_memory(server, alg, keys):
+    """MEMORY USAGE and used_memory delta per key of an O(1) algorithm ("q", "b"): one
+    admitted decision per key, written by the script."""
+    delta, key = script_memory(server, lambda sha: [
+        [["EVALSHA", sha, 1, "rl:api:%d" % k, 1_700_000_000_000] + zone_argv(alg, 0)
+         for k in range(keys)]], keys)
+    return {"alg": ALGS[alg], "keys": keys, "delta": delta / keys, "key": key}
 
 
 def main():
@@ -237,6 +259,7 @@ def main():
             print("round %d %-42s batch %2d  cpu %5.2f us  script %5.2f us  %.2f cmds" % (
                 rnd + 1, v.name, v.batch, r["cpu"], r["script"], r["cmds"]), file=sys.stderr)
     memory = [packed_memory(server, n, 100_000 // n) for n in (10, 100, 1000, 10_000)]
+    per_key = [key_memory(server, alg, 100_000) for alg in ("q", "b")]
     server.stop()
 
     def med(rs, k):
@@ -300,6 +323,15 @@ def main():
     ]
     for m in memory:
         lines.append("| %d | %d | %.1f | %.0f |" % (m["n"], m["keys"], m["entry"], m["key"]))
+    lines += [
+        "",
+        "Quota and balance memory (one decision per key, whatever the limit and count):",
+        "",
+        "| algorithm | keys | bytes per key (used_memory) | bytes per key (MEMORY USAGE) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for m in per_key:
+        lines.append("| %s | %d | %.1f | %.0f |" % (m["alg"], m["keys"], m["delta"], m["key"]))
     md = "\n".join(lines) + "\n"
     with open(a.out, "w", encoding="utf-8") as f:
         f.write(md)

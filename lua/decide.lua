@@ -9,8 +9,16 @@
 -- KEYS                   the zone keys of decision 1, then those of decision 2, ...
 -- ARGV, per decision:    now in ms (or "" to read Redis TIME: one clock for every gateway),
 --                        then per zone: algorithm ("l" sliding_log, "p" sliding_log_packed,
---                        "c" sliding_counter, "g" gcra), limit, window in ms, cost (units this
---                        request takes; 0 only reads), burst (gcra only, else 0)
+--                        "c" sliding_counter, "g" gcra, "q" calendar quota, "b" balance),
+--                        limit, window in ms, cost (units this request takes; 0 only reads),
+--                        burst (gcra only, else 0)
+--   "q" (calendar quota): window = the period, (UTC offset in minutes + 1440) * 10 + kind with
+--                        kind 1 hour, 2 day, 3 week (from Monday), 4 month
+--   "b" (credit balance): limit only names the plan (the script ignores it), window is ignored,
+--                        burst = the balance a missing key starts with (0: a missing key is
+--                        an empty balance)
+--   "B" (balance admin, a decision of its own): window 1 sets the balance to cost, 2 adds
+--                        cost to it; limit and burst are ignored
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
 -- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
@@ -21,6 +29,9 @@
 --   remaining units the zone still admits after this decision
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
 --             otherwise: ms until the zone admits one unit more than `remaining` (0 if full)
+--             "q": always the ms to the period's end, when the whole limit is back
+--             "b": always 0, only an operator refills a balance ("B": the same, remaining is
+--             the balance written)
 -- or an error for that decision alone (bad arguments, a key holding other data).
 -- A call of one decision answers that decision's reply itself; a call of several, the array of
 -- their replies in order. Keys that do not add up fail the whole call.
@@ -88,6 +99,45 @@ local function packed_upto(v, from, to, t)
   return from
 end
 
+-- calendar quota: one 10-byte string per key, (period start in UTC ms, count). The start tells a
+-- period from the next when a gateway clock is ahead of the key's expiry.
+local QUOTA_FORMAT, QUOTA_LEN = '<I6I4', 10
+local DAY, HOUR = 86400000, 3600000
+local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
+
+-- The UTC ms where the period (spec as in the header) holding UTC ms `t` starts and ends.
+-- Civil dates from day numbers (H. Hinnant's days-to-civil, proleptic Gregorian, integers only:
+-- Redis Lua has no os library).
+local function period_bounds(t, spec)
+  local kind, off = spec % 10, (floor(spec / 10) - 1440) * 60000
+  local l = t + off
+  local days = floor(l / DAY)
+  local start, len
+  if kind == 1 then
+    start, len = floor(l / HOUR) * HOUR, HOUR
+  elseif kind == 2 then
+    start, len = days * DAY, DAY
+  elseif kind == 3 then
+    start, len = (days - (days + 3) % 7) * DAY, 7 * DAY -- day 0 was a Thursday
+  else
+    local z = days + 719468
+    local era = floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+    local mp = floor((5 * doy + 2) / 153)
+    local mday = doy - floor((153 * mp + 2) / 5) -- 0-based
+    local m = mp < 10 and mp + 3 or mp - 9
+    local y = yoe + era * 400 + (m <= 2 and 1 or 0)
+    local n = MONTH_DAYS[m]
+    if m == 2 and y % 4 == 0 and (y % 100 ~= 0 or y % 400 == 0) then
+      n = 29
+    end
+    start, len = (days - mday) * DAY, n * DAY
+  end
+  return start - off, start - off + len
+end
+
 -- Per-zone state from the check to the commit and report, by zone index within a decision:
 --   sliding_log      s1 used, s2 oldest score (nil: not read; the set may be empty)
 --   sliding_log_packed  s1 used, s2 oldest score, s3 entries that have left the window,
@@ -95,6 +145,8 @@ end
 --   sliding_counter  s1 current, s2 previous, s3 window index, s4 elapsed in it,
 --                    s5 previous count weighted into the rolling window, rounded up
 --   gcra             s1 ms, s2 r (the TAT), s3 ms, s4 r (the TAT after this request)
+--   calendar quota   s1 count, s2 period start, s3 period end
+--   balance          s1 balance (a missing key: its default), s2 true if the key is missing
 local s1, s2, s3, s4, s5, zone_ok = {}, {}, {}, {}, {}, {}
 
 local replies, ndecisions = {}, 0
@@ -139,8 +191,11 @@ repeat
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
-          or (alg ~= 'l' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g')
-          or (alg == 'g' and burst < 1) then
+          or (alg ~= 'l' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g' and alg ~= 'q'
+            and alg ~= 'b' and alg ~= 'B')
+          or (alg == 'B' and w ~= 1 and w ~= 2)
+          or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
+          or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
         result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
         break
       end
@@ -153,7 +208,8 @@ repeat
           break
         end
         if v and not (alg == 'c' and #v == COUNTER_LEN or alg == 'g' and #v == GCRA_LEN
-            or alg == 'p' and #v % PACKED_LEN == 0) then
+            or alg == 'p' and #v % PACKED_LEN == 0 or alg == 'q' and #v == QUOTA_LEN
+            or (alg == 'b' or alg == 'B') and string.match(v, '^%-?%d+$')) then
           result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
           break
         end
@@ -214,6 +270,30 @@ repeat
         local weighted = q + (r > 0 and 1 or 0)
         s1[i], s2[i], s3[i], s4[i], s5[i] = cur, prev, idx, elapsed, weighted
         ok = weighted + cur + cost <= limit
+      elseif alg == 'q' then
+        -- Calendar quota: a count per period, gone with the period.
+        local start, stop = period_bounds(now, w)
+        local count = 0
+        if v then
+          local st, c = unpack_struct(QUOTA_FORMAT, v)
+          if st == start then
+            count = c
+          elseif st > start then
+            -- Written by a gateway whose clock is already in the next period: count there.
+            start, stop = period_bounds(st, w)
+            count = c
+          end
+        end
+        s1[i], s2[i], s3[i] = count, start, stop
+        ok = count + cost <= limit
+      elseif alg == 'b' then
+        -- Credit balance: a decimal integer the operator sets and tops up (SET, INCRBY).
+        local missing = not v
+        local balance = missing and burst or tonumber(v)
+        s1[i], s2[i] = balance, missing
+        ok = cost == 0 or balance >= cost
+      elseif alg == 'B' then
+        ok = true
       else
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
         local ms, r = now, 0
@@ -369,6 +449,37 @@ repeat
         else
           reset = 0
         end
+      elseif alg == 'q' then
+        local count, stop = s1[i], s3[i]
+        if commit then
+          count = count + cost
+          call('SET', key, pack(QUOTA_FORMAT, s2[i], count), 'PX', format('%d', max(1, stop - now)))
+        end
+        remaining = max(0, limit - count)
+        reset = max(0, stop - now)
+      elseif alg == 'b' then
+        local balance = s1[i]
+        if commit then
+          -- DECRBY keeps a TTL the operator gave the credits; a default grant is written whole.
+          if s2[i] then
+            balance = balance - cost
+            call('SET', key, format('%d', balance))
+          else
+            balance = call('DECRBY', key, format('%d', cost))
+          end
+        end
+        remaining = max(0, balance)
+        reset = 0
+      elseif alg == 'B' then
+        -- KEEPTTL and INCRBY keep credits that lapse lapsing.
+        if w == 1 then
+          call('SET', key, ARGV[p + 3], 'KEEPTTL')
+          remaining = cost
+        else
+          remaining = call('INCRBY', key, ARGV[p + 3])
+        end
+        remaining = max(0, remaining)
+        reset = 0
       else
         local ms, r = s1[i], s2[i]
         if commit then

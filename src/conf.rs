@@ -17,6 +17,7 @@ use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
 use crate::local_limit::LocalLimiter;
 use crate::module::RateLimit;
+use crate::quota::Period;
 use crate::redis::pool::WorkerPool;
 use crate::script::Algorithm;
 
@@ -74,6 +75,10 @@ pub struct Zone {
     pub window: Param,
     pub burst: u64,
     pub clock: Clock,
+    /// Calendar quotas: the period, whose length the headers announce as the window.
+    pub period: Option<Period>,
+    /// The status of a rejection this zone decides, before `ratelimit_status`.
+    pub status: Option<u64>,
 }
 
 pub struct MainConf {
@@ -134,6 +139,8 @@ pub struct LocConf {
     pub log_level: Option<ngx_uint_t>,
     pub deny_cache: Option<bool>,
     pub fail_local_share: Option<u64>,
+    /// `ratelimit_admin`: the balance zone this location administers; not inherited.
+    pub admin_zone: Option<usize>,
 }
 
 impl LocConf {

@@ -12,14 +12,17 @@ use ngx::ffi::{
     NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF,
     NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::headers::HeaderMode;
+use crate::module::RateLimit;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
-    valid_zone_name,
+    valid_zone_name, MAX_WINDOW_MS,
 };
+use crate::quota::{parse_offset, Period, PeriodKind};
 use crate::redis::resp;
 use crate::script::Algorithm;
 
@@ -41,7 +44,7 @@ const fn command(
     }
 }
 
-pub static mut COMMANDS: [ngx_command_t; 11] = [
+pub static mut COMMANDS: [ngx_command_t; 12] = [
     command(
         ngx_string!("ratelimit_redis"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -100,6 +103,12 @@ pub static mut COMMANDS: [ngx_command_t; 11] = [
         ngx_string!("ratelimit_deny_cache"),
         LOC_CONTEXTS | NGX_CONF_FLAG,
         cmd_deny_cache,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_admin"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
+        cmd_admin,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     ngx_command_t::empty(),
@@ -249,7 +258,8 @@ unsafe extern "C" fn cmd_zone(
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
-    let (mut algorithm, mut burst) = (Algorithm::SlidingLog, None);
+    let (mut algorithm, mut burst) = (None, None);
+    let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     for arg in &args[2..] {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
@@ -257,7 +267,15 @@ unsafe extern "C" fn cmd_zone(
             "key" => compile_complex_value(cf, arg, "key=".len()).map(|cv| key = Some(cv)),
             "limit" => number_or_variable(cf, arg, param, parse_limit).map(|p| limit = Some(p)),
             "window" => number_or_variable(cf, arg, param, parse_window).map(|p| window = Some(p)),
-            "algorithm" => Algorithm::parse(value).map(|a| algorithm = a),
+            "algorithm" => Algorithm::parse(value).map(|a| algorithm = Some(a)),
+            "period" => PeriodKind::parse(value).map(|k| period = Some(k)),
+            "utc_offset" => parse_offset(value).map(|m| offset_min = Some(m)),
+            "missing" => match value {
+                "reject" => Some(0),
+                _ => parse_limit(value),
+            }
+            .map(|n| missing = Some(n)),
+            "status" => parse_uint(value, 400, 599).map(|n| status = Some(n)),
             "burst" => parse_limit(value).map(|b| burst = Some(b)),
             "clock" => match value {
                 "redis" => Some(Clock::Redis),
@@ -270,6 +288,33 @@ unsafe extern "C" fn cmd_zone(
         if ok.is_none() {
             return invalid(cf, "value", s);
         }
+    }
+    // A calendar period or a balance stands for the window.
+    let algorithm = match (algorithm, period) {
+        (None, Some(_)) => Algorithm::CalendarQuota,
+        (Some(a), None) => a,
+        (None, None) => Algorithm::SlidingLog,
+        (Some(_), Some(_)) => {
+            return zone_error(
+                cf,
+                name,
+                "\"period=\" makes a calendar quota, without \"algorithm=\"",
+            )
+        }
+    };
+    if algorithm == Algorithm::Balance && window.is_none() {
+        window = Some(Param::Fixed(MAX_WINDOW_MS));
+    } else if algorithm == Algorithm::CalendarQuota && window.is_none() {
+        // Each request takes the length of its period (the script gets the period itself).
+        window = Some(Param::Fixed(1));
+    } else if algorithm == Algorithm::CalendarQuota || algorithm == Algorithm::Balance {
+        return zone_error(cf, name, "\"window=\" is not for a calendar quota or a balance");
+    }
+    if offset_min.is_some() && period.is_none() {
+        return zone_error(cf, name, "\"utc_offset=\" needs \"period=\"");
+    }
+    if missing.is_some() && algorithm != Algorithm::Balance {
+        return zone_error(cf, name, "\"missing=\" needs \"algorithm=balance\"");
     }
     let (Some(key), Some(limit), Some(window)) = (key, limit, window) else {
         ngx_conf_log_error!(
@@ -307,10 +352,53 @@ unsafe extern "C" fn cmd_zone(
         limit,
         window,
         // Without a burst, GCRA spaces requests evenly, as limit_req does without one.
-        burst: burst.unwrap_or(1),
+        burst: if algorithm == Algorithm::Balance {
+            missing.unwrap_or(0)
+        } else {
+            burst.unwrap_or(1)
+        },
         clock,
+        period: period.map(|kind| Period { kind, offset_min: offset_min.unwrap_or(0) }),
+        status,
     });
     NGX_CONF_OK
+}
+
+/// The location's content: reading and writing a balance zone's credits (`crate::admin`).
+unsafe extern "C" fn cmd_admin(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    if lcf.admin_zone.is_some() {
+        return IS_DUPLICATE;
+    }
+    let name = text(&args(cf)[1]);
+    let (Some(mcf), Some(clcf)) =
+        (RateLimit::main_conf(&*cf), NgxHttpCoreModule::location_conf_mut(&*cf))
+    else {
+        return NGX_CONF_ERROR as _;
+    };
+    let zone = mcf.zones.iter().position(|z| z.name == name && z.algorithm == Algorithm::Balance);
+    let (Some(zone), Some(_)) = (zone, mcf.redis.as_ref()) else {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"ratelimit_admin\" needs \"ratelimit_redis\" and a zone \"{name}\" with \
+             algorithm=balance declared before it"
+        );
+        return NGX_CONF_ERROR as _;
+    };
+    lcf.admin_zone = Some(zone);
+    clcf.handler = Some(crate::admin::content_handler);
+    NGX_CONF_OK
+}
+
+/// Logs `"ratelimit_zone" directive "<name>": <what>` and fails the configuration.
+unsafe fn zone_error(cf: *mut ngx_conf_t, name: &str, what: &str) -> *mut c_char {
+    ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"ratelimit_zone\" directive \"{name}\": {what}");
+    NGX_CONF_ERROR as _
 }
 
 /// `name=123` parsed now, or `name=$variable` compiled to be evaluated and parsed per request.

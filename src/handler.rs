@@ -23,8 +23,9 @@ use crate::key::Key;
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
+use crate::quota::Period;
 use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
-use crate::script::{self, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What happened to a main request; read by the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +103,8 @@ impl ZoneReq {
     }
 
     fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
-        let (limit, window_ms, cost) = (self.limit, self.window_ms, self.cost);
+        let (limit, cost) = (self.limit, self.cost);
+        let window_ms = zone.period.map_or(self.window_ms, Period::encode);
         ZoneArgs {
             key: self.key,
             algorithm: zone.algorithm,
@@ -162,7 +164,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             param(r, limit.cost, parse_cost, "cost"),
         );
         let (limit_n, window_ms, cost) = match figures {
-            (Ok(l), Ok(w), Ok(c)) => (l, w, c),
+            (Ok(l), Ok(w), Ok(c)) => (l, zone.period.map_or(w, |p| p.length_ms(wall_ms())), c),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
                 fail(ctx, lcf, mcf, Failure::BadValue(what, zone.name.clone(), value));
@@ -200,10 +202,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     }
 
     // One clock per decision: the gateway's only when every zone asks for it.
-    let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| {
-        let tp = ngx_timeofday();
-        tp.sec as u64 * 1000 + tp.msec as u64
-    });
+    let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
     let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
@@ -223,6 +222,13 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             apply(ctx, lcf, mcf)
         }
     }
+}
+
+/// The gateway's clock: `clock=nginx`'s now, and the time whose calendar period a quota's
+/// headers describe.
+unsafe fn wall_ms() -> u64 {
+    let tp = ngx_timeofday();
+    tp.sec as u64 * 1000 + tp.msec as u64
 }
 
 /// A complex value evaluated into the request's pool.
@@ -344,14 +350,19 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 /// once. The context itself stays readable for the access log. Idempotent: it runs twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
-    if let Some(token) = ctx.waiter.token.take() {
+    detach(&mut ctx.waiter, &mut ctx.ev);
+}
+
+/// Leaves the pool and the event loop: nothing will complete or wake this waiter any more.
+pub unsafe fn detach(waiter: &mut Waiter, ev: &mut ngx_event_t) {
+    if let Some(token) = waiter.token.take() {
         WorkerPool::cancel(token);
     }
-    if ctx.ev.timer_set() != 0 {
-        ngx_del_timer(&mut ctx.ev);
+    if ev.timer_set() != 0 {
+        ngx_del_timer(ev);
     }
-    if ctx.ev.posted() != 0 {
-        ngx_delete_posted_event(&mut ctx.ev);
+    if ev.posted() != 0 {
+        ngx_delete_posted_event(ev);
     }
 }
 
@@ -406,16 +417,26 @@ unsafe fn resubmitted(ctx: &mut Ctx, mcf: &MainConf) -> bool {
         return false;
     }
     ctx.reloaded = true;
+    submit(mcf, &mut ctx.waiter, &ctx.args, true)
+}
+
+/// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses.
+pub unsafe fn submit(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    reload: bool,
+) -> bool {
     let Some(pool) = WorkerPool::get(mcf) else { return false };
-    ctx.waiter.result = None;
-    let cmd = Command { args: NonNull::from(&ctx.args), reload: true };
-    match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
+    waiter.result = None;
+    let cmd = Command { args: NonNull::from(args), reload };
+    match pool.submit(NonNull::from(&mut *waiter), cmd) {
         Ok(token) => {
-            ctx.waiter.token = Some(token);
+            waiter.token = Some(token);
             true
         }
         Err(e) => {
-            ctx.waiter.result = Some(Err(e));
+            waiter.result = Some(Err(e));
             false
         }
     }
@@ -593,11 +614,18 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();
         let (limit, window_ms) = (z.limit, z.window_ms);
-        let quota = Quota { zone: name, limit, window_ms, remaining, reset_ms, rejected };
+        let quota = Quota {
+            zone: name,
+            limit,
+            window_ms: policy_window(mcf, z),
+            remaining,
+            reset_ms,
+            rejected,
+        };
         let policies = ctx.zones.iter().map(|z| Policy {
             zone: &mcf.zones[z.zone].name,
             limit: z.limit,
-            window_ms: z.window_ms,
+            window_ms: policy_window(mcf, z),
         });
         if headers::format(lcf.headers(), &quota, policies, |name, value| {
             add_header(r, name, value)
@@ -617,9 +645,21 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         }
     }
     match ctx.status {
-        _ if rejected => lcf.status() as ngx_int_t,
+        _ if rejected => {
+            let zone_status = ctx.quota.and_then(|(i, ..)| mcf.zones[ctx.zones[i].zone].status);
+            zone_status.map_or(lcf.status() as ngx_int_t, |s| s as ngx_int_t)
+        }
         Status::FailedClosed => NGX_HTTP_SERVICE_UNAVAILABLE as ngx_int_t,
         _ => NGX_DECLINED as ngx_int_t,
+    }
+}
+
+/// The window the headers announce: none for a balance, which only an operator refills.
+fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
+    if mcf.zones[z.zone].algorithm == Algorithm::Balance {
+        0
+    } else {
+        z.window_ms
     }
 }
 

@@ -18,6 +18,7 @@ pub enum HeaderMode {
 pub struct Quota<'a> {
     pub zone: &'a str,
     pub limit: u64,
+    /// 0 for a balance: it has no window, and waiting does not refill it.
     pub window_ms: u64,
     pub remaining: u64,
     pub reset_ms: u64,
@@ -29,6 +30,7 @@ pub struct Quota<'a> {
 pub struct Policy<'a> {
     pub zone: &'a str,
     pub limit: u64,
+    /// 0 for a balance: announced without `w`. A calendar quota's is its current period's length.
     pub window_ms: u64,
 }
 
@@ -65,12 +67,17 @@ pub fn format<'a>(
         HeaderMode::Draft => {
             for p in policies {
                 let w = ceil_secs(p.window_ms);
-                put("RateLimit-Policy", format_args!("\"{}\";q={};w={w}", p.zone, p.limit))?;
+                if w == 0 {
+                    put("RateLimit-Policy", format_args!("\"{}\";q={}", p.zone, p.limit))?;
+                } else {
+                    put("RateLimit-Policy", format_args!("\"{}\";q={};w={w}", p.zone, p.limit))?;
+                }
             }
             put("RateLimit", format_args!("\"{}\";r={};t={reset}", q.zone, q.remaining))?;
         }
     }
-    if q.rejected {
+    // No time readmits a request an empty balance rejected: no Retry-After to hammer on.
+    if q.rejected && q.window_ms != 0 {
         put("Retry-After", format_args!("{}", reset.max(1)))?;
     }
     Some(())
@@ -149,6 +156,18 @@ mod tests {
             ]
         );
         assert_eq!(format_zones(HeaderMode::Legacy, &quota(false), &policies).len(), 3);
+    }
+
+    #[test]
+    fn a_balance_has_no_window_and_no_retry_after() {
+        let q = Quota { zone: "credits", window_ms: 0, reset_ms: 0, ..quota(true) };
+        assert_eq!(
+            format(HeaderMode::Draft, &q),
+            vec![
+                ("RateLimit-Policy", "\"credits\";q=100".to_string()),
+                ("RateLimit", "\"credits\";r=0;t=0".to_string()),
+            ]
+        );
     }
 
     #[test]

@@ -9,10 +9,13 @@ pub mod headers;
 pub mod key;
 mod local_limit;
 pub mod params;
+pub mod quota;
 pub mod redis;
 pub mod script;
 pub mod text;
 
+#[cfg(not(test))]
+mod admin;
 #[cfg(not(test))]
 mod conf;
 #[cfg(not(test))]

@@ -105,6 +105,14 @@ pub enum Algorithm {
     SlidingLogPacked,
     SlidingCounter,
     Gcra,
+    /// `limit` units per calendar period (`crate::quota::Period`), one counter per key that
+    /// ends with the period. The window field carries [`crate::quota::Period::encode`].
+    CalendarQuota,
+    /// A balance of credits the operator sets and tops up; requests draw their cost from it.
+    /// The burst field carries the balance of a missing key (0: none).
+    Balance,
+    /// Not a zone's: `ratelimit_admin` sets (window field 1) or adds to (2) a balance the cost.
+    BalanceAdmin,
 }
 
 impl Algorithm {
@@ -114,6 +122,7 @@ impl Algorithm {
             "sliding_log_packed" => Some(Algorithm::SlidingLogPacked),
             "sliding_counter" => Some(Algorithm::SlidingCounter),
             "gcra" => Some(Algorithm::Gcra),
+            "balance" => Some(Algorithm::Balance),
             _ => None,
         }
     }
@@ -125,6 +134,9 @@ impl Algorithm {
             Algorithm::SlidingLogPacked => b"p",
             Algorithm::SlidingCounter => b"c",
             Algorithm::Gcra => b"g",
+            Algorithm::CalendarQuota => b"q",
+            Algorithm::Balance => b"b",
+            Algorithm::BalanceAdmin => b"B",
         }
     }
 
@@ -139,16 +151,23 @@ impl Algorithm {
         match self {
             Algorithm::SlidingLog => 100_000,
             Algorithm::SlidingLogPacked => 10_000,
-            Algorithm::SlidingCounter | Algorithm::Gcra => MAX_LIMIT,
+            Algorithm::SlidingCounter
+            | Algorithm::Gcra
+            | Algorithm::CalendarQuota
+            | Algorithm::Balance
+            | Algorithm::BalanceAdmin => MAX_LIMIT,
         }
     }
 
     pub fn capacity(self, limit: u64, burst: u64) -> u64 {
         match self {
             Algorithm::Gcra => burst,
-            Algorithm::SlidingLog | Algorithm::SlidingLogPacked | Algorithm::SlidingCounter => {
-                limit
-            }
+            // Only the balance itself, in Redis, says how much one request may take.
+            Algorithm::Balance | Algorithm::BalanceAdmin => u64::MAX,
+            Algorithm::SlidingLog
+            | Algorithm::SlidingLogPacked
+            | Algorithm::SlidingCounter
+            | Algorithm::CalendarQuota => limit,
         }
     }
 }
@@ -161,7 +180,7 @@ pub struct ZoneArgs<'a> {
     pub limit: u64,
     pub window_ms: u64,
     pub cost: u64,
-    /// GCRA only: units that may arrive at once.
+    /// GCRA: units that may arrive at once; balance: the balance of a missing key.
     pub burst: u64,
 }
 
@@ -205,7 +224,10 @@ impl EncodedArgs {
             resp::put_bulk_int(&mut bytes, z.limit);
             resp::put_bulk_int(&mut bytes, z.window_ms);
             resp::put_bulk_int(&mut bytes, z.cost);
-            let burst = if z.algorithm == Algorithm::Gcra { z.burst } else { 0 };
+            let burst = match z.algorithm {
+                Algorithm::Gcra | Algorithm::Balance => z.burst,
+                _ => 0,
+            };
             resp::put_bulk_int(&mut bytes, burst);
         }
         EncodedArgs { bytes, keys_len, zones: count }
@@ -436,6 +458,9 @@ mod tests {
         assert_eq!(Algorithm::SlidingLog.max_limit(), 100_000);
         assert_eq!(Algorithm::SlidingLogPacked.max_limit(), 10_000);
         assert_eq!(Algorithm::Gcra.max_limit(), MAX_LIMIT);
+        assert_eq!(Algorithm::parse("balance"), Some(Algorithm::Balance));
+        assert_eq!(Algorithm::CalendarQuota.capacity(100, 5), 100);
+        assert_eq!(Algorithm::Balance.capacity(100, 5), u64::MAX);
     }
 
     fn ints(v: &[i64]) -> Reply {

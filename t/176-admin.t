@@ -1,0 +1,106 @@
+# ratelimit_admin: a location that reads, sets and tops up a balance zone's
+# credits through the worker's Redis pool, answering JSON; protected by
+# nginx's own allow/deny.
+use lib 't/lib';
+use RLTest;
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: set, add, read; the balance zone sees the result at once
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone credits key=$arg_k limit=100 algorithm=balance status=402;
+--- config
+    location /t { ratelimit credits; add_header X-Left $ratelimit_remaining always; }
+    location = /admin { allow 127.0.0.1; deny all; ratelimit_admin credits; }
+--- request eval
+["GET /admin?key=a", "POST /admin?key=a&set=2", "GET /t?k=a", "POST /admin?key=a&add=5",
+ "GET /admin?key=a", "GET /t?k=a", "POST /admin?key=a&set=0", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 200, 200, 200, 200, 200, 402]
+--- response_body eval
+["{\"balance\":0}\n", "{\"balance\":2}\n", "ok\n", "{\"balance\":6}\n", "{\"balance\":6}\n",
+ "ok\n", "{\"balance\":0}\n", undef]
+--- response_headers eval
+["Content-Type: application/json", undef, "X-Left: 1", undef, undef, "X-Left: 5", undef, undef]
+--- redis_check
+GET rl:credits:a => 0
+
+
+
+=== TEST 2: bad requests are refused without asking Redis
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone credits key=$arg_k limit=100 algorithm=balance;
+--- config
+    location = /admin { ratelimit_admin credits; }
+--- request eval
+["GET /admin", "GET /admin?key=a&set=-1", "GET /admin?key=a&add=x", "GET /admin?key=a&set=1&add=1",
+ "GET /admin?key=a&set=1000000001"]
+--- error_code: 400
+--- response_body_like: ^\{"error":"key= is required
+--- redis_check
+EXISTS rl:credits:a => 0
+
+
+
+=== TEST 3: deny all protects it
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone credits key=$arg_k limit=100 algorithm=balance;
+--- config
+    location = /admin { deny all; ratelimit_admin credits; }
+--- request
+GET /admin?key=a&set=5
+--- error_code: 403
+--- redis_check
+EXISTS rl:credits:a => 0
+--- error_log
+access forbidden by rule
+
+
+
+=== TEST 4: Redis down: 502 with the reason, the worker keeps serving
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_DEAD_PORT;
+    ratelimit_zone credits key=$arg_k limit=100 algorithm=balance;
+--- config
+    location = /admin { ratelimit_admin credits; }
+--- request eval
+["GET /admin?key=a&add=1", "GET /t"]
+--- error_code eval
+[502, 200]
+--- response_body_like eval
+["^\\{\"error\":\"redis ", "ok"]
+--- error_log
+connect failed
+
+
+
+=== TEST 5: NOSCRIPT: loaded again, once
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone credits key=$arg_k limit=100 algorithm=balance;
+--- config
+    location = /admin { ratelimit_admin credits; }
+--- init
+RLTest::redis_cmd('SCRIPT', 'FLUSH');
+--- request
+GET /admin?key=a&add=3
+--- error_code: 200
+--- response_body
+{"balance":3}
+
+
+
+=== TEST 6: only a balance zone, declared before
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=100 window=1m;
+--- config
+    location = /admin { ratelimit_admin api; }
+--- must_die
+--- error_log eval
+qr/"ratelimit_admin" needs "ratelimit_redis" and a zone "api" with algorithm=balance declared before it in .*nginx\.conf:\d+/
