@@ -16,6 +16,7 @@ use ngx::ngx_log_error;
 use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
 use crate::local_limit::LocalLimiter;
+use crate::metrics::Metrics;
 use crate::module::RateLimit;
 use crate::redis::pool::WorkerPool;
 use crate::script::Algorithm;
@@ -89,6 +90,11 @@ pub struct MainConf {
     pub local: RefCell<Option<LocalLimiter>>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
     pub local_size: Option<u64>,
+    /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
+    pub metrics_size: Option<u64>,
+    pub metrics: Cell<Metrics>,
+    /// Where `ratelimit_metrics` was first used, to name it when the zone is missing.
+    pub metrics_used: Option<(String, ngx_uint_t)>,
 }
 
 impl MainConf {
@@ -106,6 +112,9 @@ impl Default for MainConf {
             deny_cache: RefCell::new(None),
             local: RefCell::new(None),
             local_size: None,
+            metrics_size: None,
+            metrics: Cell::new(Metrics::disabled()),
+            metrics_used: None,
         }
     }
 }
@@ -134,6 +143,8 @@ pub struct LocConf {
     pub log_level: Option<ngx_uint_t>,
     pub deny_cache: Option<bool>,
     pub fail_local_share: Option<u64>,
+    /// `ratelimit_dry_run`: decide as usual, reject nothing.
+    pub dry_run: Option<bool>,
 }
 
 impl LocConf {
@@ -159,6 +170,9 @@ impl LocConf {
     pub fn deny_cache(&self) -> bool {
         self.deny_cache.unwrap_or(true)
     }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
 }
 
 /// Inherits unset values like `ngx_conf_merge_*_value`, then resolves zone names: zones may be
@@ -182,6 +196,7 @@ pub unsafe extern "C" fn merge_loc_conf(
     conf.log_level = conf.log_level.or(prev.log_level);
     conf.deny_cache = conf.deny_cache.or(prev.deny_cache);
     conf.fail_local_share = conf.fail_local_share.or(prev.fail_local_share);
+    conf.dry_run = conf.dry_run.or(prev.dry_run);
 
     let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
         return ptr::null_mut();

@@ -228,6 +228,10 @@ my @rows = (
         'ratelimit_log_level', qr/"debug"/],
     ['ratelimit_deny_cache foo', "$R\n$Z", "ratelimit_deny_cache foo; #<-",
         'ratelimit_deny_cache', qr/"foo"/],
+    ['ratelimit_dry_run foo', "$R\n$Z", "ratelimit_dry_run foo; #<-",
+        'ratelimit_dry_run', qr/"foo"/],
+    ['ratelimit_dry_run twice', "$R\n$Z", "ratelimit_dry_run on;\nratelimit_dry_run off; #<-",
+        'ratelimit_dry_run', qr/is duplicate/],
 );
 
 my @table;
