@@ -75,6 +75,9 @@ pub struct Zone {
     pub window: Param,
     pub burst: u64,
     pub clock: Clock,
+    /// `exact_key=on`: the key value is the whole Redis key (the article's `rl:sw:<id>`), so
+    /// that gateways still running the Lua block count in the same keys.
+    pub exact_key: bool,
 }
 
 pub struct MainConf {

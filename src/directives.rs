@@ -270,7 +270,7 @@ unsafe extern "C" fn cmd_zone(
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
-    let (mut algorithm, mut burst) = (Algorithm::SlidingLog, None);
+    let (mut algorithm, mut burst, mut exact_key) = (Algorithm::SlidingLog, None, false);
     for arg in &args[2..] {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
@@ -286,6 +286,12 @@ unsafe extern "C" fn cmd_zone(
                 _ => None,
             }
             .map(|c| clock = c),
+            "exact_key" => match value {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            }
+            .map(|e| exact_key = e),
             _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
@@ -330,6 +336,7 @@ unsafe extern "C" fn cmd_zone(
         // Without a burst, GCRA spaces requests evenly, as limit_req does without one.
         burst: burst.unwrap_or(1),
         clock,
+        exact_key,
     });
     NGX_CONF_OK
 }

@@ -155,11 +155,16 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         }
         // SAFETY: the prefix and the zone name live in the configuration and the value in the
         // request's pool; the context that keeps the key lives in that pool too.
-        let key = Key::new(
-            &*ptr::from_ref(redis.prefix.as_slice()),
-            &*ptr::from_ref(zone.name.as_bytes()),
-            core::slice::from_raw_parts(value.data, value.len),
-        );
+        let value = core::slice::from_raw_parts(value.data, value.len);
+        let key = if zone.exact_key {
+            Key::exact(value)
+        } else {
+            Key::new(
+                &*ptr::from_ref(redis.prefix.as_slice()),
+                &*ptr::from_ref(zone.name.as_bytes()),
+                value,
+            )
+        };
         ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost });
     }
     if ctx.zones.is_empty() {

@@ -35,6 +35,7 @@
 #   ratelimit_fail_local_share 0, abc
 #   ratelimit_fail_local_size 8k, 2g, 1.5m; twice; in server{}
 #   ratelimit_status  200, 600, abc; twice
+#   ratelimit_zone exact_key=yes
 #   ratelimit_dry_run foo; twice
 #   ratelimit_metrics_zone 8k; twice; ratelimit_metrics with an argument, without the zone
 #   ratelimit_headers foo
@@ -232,6 +233,8 @@ my @rows = (
         'ratelimit_deny_cache', qr/"foo"/],
     ['ratelimit_dry_run foo', "$R\n$Z", "ratelimit_dry_run foo; #<-",
         'ratelimit_dry_run', qr/"foo"/],
+    ['ratelimit_zone: exact_key=yes', zone('limit=2 window=10s exact_key=yes'), '',
+        'ratelimit_zone', qr/"exact_key=yes"/],
     ['ratelimit_metrics_zone 8k', "$R\n$Z\nratelimit_metrics_zone 8k; #<-", '',
         'ratelimit_metrics_zone', qr/"8k"/],
     ['ratelimit_metrics_zone twice', "$R\n$Z\nratelimit_metrics_zone 64k;\nratelimit_metrics_zone 64k; #<-", '',
