@@ -78,6 +78,9 @@ pub struct Zone {
     /// `exact_key=on`: the key value is the whole Redis key (the article's `rl:sw:<id>`), so
     /// that gateways still running the Lua block count in the same keys.
     pub exact_key: bool,
+    /// `member=request_id`: `$request_id`, compiled in the configuration pool; each admitted
+    /// unit of the log is stored under the request's id instead of a compact integer.
+    pub member: Option<*mut ngx_http_complex_value_t>,
 }
 
 pub struct MainConf {

@@ -271,6 +271,7 @@ unsafe extern "C" fn cmd_zone(
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
     let (mut algorithm, mut burst, mut exact_key) = (Algorithm::SlidingLog, None, false);
+    let mut member = None;
     for arg in &args[2..] {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
@@ -292,6 +293,17 @@ unsafe extern "C" fn cmd_zone(
                 _ => None,
             }
             .map(|e| exact_key = e),
+            "member" => match value {
+                "request_id" => {
+                    let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
+                    compile_complex_value(cf, &id, 0).map(|cv| member = Some(cv))
+                }
+                "integer" => {
+                    member = None;
+                    Some(())
+                }
+                _ => None,
+            },
             _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
@@ -311,6 +323,15 @@ unsafe extern "C" fn cmd_zone(
             NGX_LOG_EMERG,
             cf,
             "\"burst=\" of \"ratelimit_zone\" directive \"{name}\" needs algorithm=gcra"
+        );
+        return NGX_CONF_ERROR as _;
+    }
+    if member.is_some() && algorithm != Algorithm::SlidingLog {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"member=request_id\" of \"ratelimit_zone\" directive \"{name}\" needs \
+             algorithm=sliding_log"
         );
         return NGX_CONF_ERROR as _;
     }
@@ -337,6 +358,7 @@ unsafe extern "C" fn cmd_zone(
         burst: burst.unwrap_or(1),
         clock,
         exact_key,
+        member,
     });
     NGX_CONF_OK
 }

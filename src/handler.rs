@@ -58,6 +58,8 @@ pub struct ZoneReq {
     pub limit: u64,
     pub window_ms: u64,
     cost: u64,
+    /// `member=request_id`: `$request_id`, in the request's pool.
+    member: Option<&'static [u8]>,
 }
 
 impl ZoneReq {
@@ -79,6 +81,7 @@ impl ZoneReq {
             window_ms,
             cost,
             burst: zone.burst,
+            member: self.member,
         }
     }
 }
@@ -165,7 +168,15 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
                 value,
             )
         };
-        ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost });
+        let member = match zone.member {
+            // SAFETY: the value lives in the request's pool, as the context does.
+            Some(cv) => match eval(r, cv) {
+                Some(id) => Some(core::slice::from_raw_parts(id.data, id.len)),
+                None => return NGX_ERROR as ngx_int_t,
+            },
+            None => None,
+        };
+        ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member });
     }
     if ctx.zones.is_empty() {
         ctx.status = Status::Skipped;
