@@ -7,7 +7,7 @@ use RLTest;
 
 my $http = <<'EOF';
     log_format audit '$request_id $ratelimit_status $arg_k';
-    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT timeout=10s;
     ratelimit_zone api  key=$arg_k limit=3 window=1m member=request_id;
     ratelimit_zone ints key=$arg_k limit=3 window=1m member=integer;
 EOF
