@@ -49,7 +49,7 @@ SYS_TARGET := $(ROOT)/target/system
 # Debian packages, by purpose.
 APT_BUILD  := gcc make libclang-dev libpcre2-dev libssl-dev zlib1g-dev
 APT_SYSTEM := nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua
-APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind
+APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind prometheus
 APT_RUN    := redis-server redis-tools curl
 APT_BENCH  := redis-server redis-tools wrk curl nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua \
               lua-nginx-redis python3-venv

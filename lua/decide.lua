@@ -8,10 +8,11 @@
 --
 -- KEYS                   the zone keys of decision 1, then those of decision 2, ...
 -- ARGV, per decision:    now in ms (or "" to read Redis TIME: one clock for every gateway),
---                        then per zone: algorithm ("l" sliding_log, "p" sliding_log_packed,
---                        "c" sliding_counter, "g" gcra, "q" calendar quota, "b" balance),
---                        limit, window in ms, cost (units this request takes; 0 only reads),
---                        burst (gcra only, else 0)
+--                        then per zone: algorithm ("l" sliding_log, "r" sliding_log with
+--                        request-id members, "p" sliding_log_packed, "c" sliding_counter,
+--                        "g" gcra, "q" calendar quota, "b" balance), limit, window in ms, cost
+--                        (units this request takes; 0 only reads), burst (gcra only, else 0;
+--                        for "r" the member: the request's id)
 --   "q" (calendar quota): window = the period, (UTC offset in minutes + 1440) * 10 + kind with
 --                        kind 1 hour, 2 day, 3 week (from Monday), 4 month
 --   "b" (credit balance): limit only names the plan (the script ignores it), window is ignored,
@@ -139,7 +140,7 @@ local function period_bounds(t, spec)
 end
 
 -- Per-zone state from the check to the commit and report, by zone index within a decision:
---   sliding_log      s1 used, s2 oldest score (nil: not read; the set may be empty)
+--   sliding_log (l, r)  s1 used, s2 oldest score (nil: not read; the set may be empty)
 --   sliding_log_packed  s1 used, s2 oldest score, s3 entries that have left the window,
 --                    s4 the string
 --   sliding_counter  s1 current, s2 previous, s3 window index, s4 elapsed in it,
@@ -190,9 +191,13 @@ repeat
       local key, alg = KEYS[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
+      if alg == 'r' then
+        -- The log does not burst: that field carries the member, a string that must not be empty.
+        burst = ARGV[p + 4] ~= '' and 0 or nil
+      end
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
-          or (alg ~= 'l' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g' and alg ~= 'q'
-            and alg ~= 'b' and alg ~= 'B')
+          or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
+            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B')
           or (alg == 'B' and w ~= 1 and w ~= 2)
           or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
           or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
@@ -200,7 +205,7 @@ repeat
         break
       end
       local ok, v
-      if alg ~= 'l' then
+      if alg ~= 'l' and alg ~= 'r' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
@@ -214,7 +219,7 @@ repeat
           break
         end
       end
-      if alg == 'l' then
+      if alg == 'l' or alg == 'r' then
         -- Sliding-window log: one sorted-set entry per admitted unit, scored by its ms. An entry
         -- scored s counts while now < s + window. Reading the two oldest first says whether
         -- anything has left the window (pruning only then) and gives the oldest score the reset
@@ -335,7 +340,7 @@ repeat
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       local ok, commit = zone_ok[i], allowed == 1 and cost > 0
       local remaining, reset
-      if alg == 'l' or alg == 'p' then
+      if alg == 'l' or alg == 'p' or alg == 'r' then
         local used, oldest, gone, v = s1[i], s2[i], s3[i], s4[i]
         if commit and alg == 'l' then
           -- Members are integers (compact listpack entries), unique thanks to ZADD NX: the
@@ -374,6 +379,26 @@ repeat
           if not gateway_clock then
             seq = m - time_us
           end
+        elseif commit and alg == 'r' then
+          -- Request-id members (the audit trail): the request's id, or `<id>:<unit>` for each
+          -- unit of a request costing more than one, so the set lists the requests that used
+          -- the window. Ids are unique per request, so no member is taken twice.
+          local id = ARGV[p + 4]
+          if cost == 1 then
+            call('ZADD', key, now_s, id)
+          else
+            local rest, j = cost, 0
+            while rest > 0 do
+              local args, n = {}, math.min(rest, ZADD_CHUNK)
+              for x = 1, n do
+                args[2 * x - 1] = now_s
+                args[2 * x] = id .. ':' .. format('%d', j + x)
+              end
+              call('ZADD', key, unpack(args))
+              j, rest = j + n, rest - n
+            end
+          end
+          call('PEXPIRE', key, ARGV[p + 2])
         elseif commit then
           -- After the entries not newer than now: the last ones, unless a gateway clock runs
           -- behind the others.

@@ -62,7 +62,15 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     };
     let zone = &mcf.zones[zi];
     let key = Key::new(&redis.prefix, zone.name.as_bytes(), value);
-    let za = ZoneArgs { key, algorithm, limit: 1, window_ms: mode, cost: amount, burst: 0 };
+    let za = ZoneArgs {
+        key,
+        algorithm,
+        limit: 1,
+        window_ms: mode,
+        cost: amount,
+        burst: 0,
+        member: None,
+    };
 
     let pool = Pool::from_ngx_pool((*r).pool);
     let Some(ctx) = NonNull::new(pool.allocate(AdminCtx {

@@ -16,6 +16,7 @@ use ngx::ngx_log_error;
 use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
 use crate::local_limit::LocalLimiter;
+use crate::metrics::Metrics;
 use crate::module::RateLimit;
 use crate::quota::Period;
 use crate::redis::pool::WorkerPool;
@@ -79,6 +80,12 @@ pub struct Zone {
     pub period: Option<Period>,
     /// The status of a rejection this zone decides, before `ratelimit_status`.
     pub status: Option<u64>,
+    /// `exact_key=on`: the key value is the whole Redis key (the article's `rl:sw:<id>`), so
+    /// that gateways still running the Lua block count in the same keys.
+    pub exact_key: bool,
+    /// `member=request_id`: `$request_id`, compiled in the configuration pool; each admitted
+    /// unit of the log is stored under the request's id instead of a compact integer.
+    pub member: Option<*mut ngx_http_complex_value_t>,
 }
 
 pub struct MainConf {
@@ -94,6 +101,11 @@ pub struct MainConf {
     pub local: RefCell<Option<LocalLimiter>>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
     pub local_size: Option<u64>,
+    /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
+    pub metrics_size: Option<u64>,
+    pub metrics: Cell<Metrics>,
+    /// Where `ratelimit_metrics` was first used, to name it when the zone is missing.
+    pub metrics_used: Option<(String, ngx_uint_t)>,
 }
 
 impl MainConf {
@@ -111,6 +123,9 @@ impl Default for MainConf {
             deny_cache: RefCell::new(None),
             local: RefCell::new(None),
             local_size: None,
+            metrics_size: None,
+            metrics: Cell::new(Metrics::disabled()),
+            metrics_used: None,
         }
     }
 }
@@ -141,6 +156,8 @@ pub struct LocConf {
     pub fail_local_share: Option<u64>,
     /// `ratelimit_admin`: the balance zone this location administers; not inherited.
     pub admin_zone: Option<usize>,
+    /// `ratelimit_dry_run`: decide as usual, reject nothing.
+    pub dry_run: Option<bool>,
 }
 
 impl LocConf {
@@ -166,6 +183,9 @@ impl LocConf {
     pub fn deny_cache(&self) -> bool {
         self.deny_cache.unwrap_or(true)
     }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
 }
 
 /// Inherits unset values like `ngx_conf_merge_*_value`, then resolves zone names: zones may be
@@ -189,6 +209,7 @@ pub unsafe extern "C" fn merge_loc_conf(
     conf.log_level = conf.log_level.or(prev.log_level);
     conf.deny_cache = conf.deny_cache.or(prev.deny_cache);
     conf.fail_local_share = conf.fail_local_share.or(prev.fail_local_share);
+    conf.dry_run = conf.dry_run.or(prev.dry_run);
 
     let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
         return ptr::null_mut();

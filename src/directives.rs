@@ -8,15 +8,16 @@ use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
     ngx_http_complex_value_t, ngx_parse_url, ngx_pcalloc, ngx_str_t, ngx_uint_t, ngx_url_t,
-    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_HTTP_LOC_CONF,
-    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF,
-    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE12,
+    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
+    NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::headers::HeaderMode;
+use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
@@ -44,7 +45,7 @@ const fn command(
     }
 }
 
-pub static mut COMMANDS: [ngx_command_t; 12] = [
+pub static mut COMMANDS: [ngx_command_t; 15] = [
     command(
         ngx_string!("ratelimit_redis"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE,
@@ -109,6 +110,24 @@ pub static mut COMMANDS: [ngx_command_t; 12] = [
         ngx_string!("ratelimit_admin"),
         NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
         cmd_admin,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_dry_run"),
+        LOC_CONTEXTS | NGX_CONF_FLAG,
+        cmd_dry_run,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_metrics_zone"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        cmd_metrics_zone,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("ratelimit_metrics"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        cmd_metrics,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     ngx_command_t::empty(),
@@ -258,8 +277,9 @@ unsafe extern "C" fn cmd_zone(
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
-    let (mut algorithm, mut burst) = (None, None);
+    let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
+    let mut member = None;
     for arg in &args[2..] {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
@@ -283,6 +303,23 @@ unsafe extern "C" fn cmd_zone(
                 _ => None,
             }
             .map(|c| clock = c),
+            "exact_key" => match value {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            }
+            .map(|e| exact_key = e),
+            "member" => match value {
+                "request_id" => {
+                    let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
+                    compile_complex_value(cf, &id, 0).map(|cv| member = Some(cv))
+                }
+                "integer" => {
+                    member = None;
+                    Some(())
+                }
+                _ => None,
+            },
             _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
@@ -332,6 +369,15 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     }
+    if member.is_some() && algorithm != Algorithm::SlidingLog {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"member=request_id\" of \"ratelimit_zone\" directive \"{name}\" needs \
+             algorithm=sliding_log"
+        );
+        return NGX_CONF_ERROR as _;
+    }
     if let Param::Fixed(n) = limit {
         if n > algorithm.max_limit() {
             ngx_conf_log_error!(
@@ -360,6 +406,8 @@ unsafe extern "C" fn cmd_zone(
         clock,
         period: period.map(|kind| Period { kind, offset_min: offset_min.unwrap_or(0) }),
         status,
+        exact_key,
+        member,
     });
     NGX_CONF_OK
 }
@@ -594,6 +642,15 @@ unsafe extern "C" fn cmd_deny_cache(
     set_keyword(cf, &mut lcf.deny_cache, &[("on", true), ("off", false)])
 }
 
+unsafe extern "C" fn cmd_dry_run(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let lcf = &mut *(conf as *mut LocConf);
+    set_keyword(cf, &mut lcf.dry_run, &[("on", true), ("off", false)])
+}
+
 unsafe extern "C" fn cmd_fail_local_share(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -621,4 +678,44 @@ unsafe extern "C" fn cmd_fail_local_size(
         }
         None => invalid(cf, "size (16k..1g)", value),
     }
+}
+
+unsafe extern "C" fn cmd_metrics_zone(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let mcf = &mut *(conf as *mut MainConf);
+    if mcf.metrics_size.is_some() {
+        return IS_DUPLICATE;
+    }
+    let value = text(&args(cf)[1]);
+    // nginx's slab allocator needs 8 pages; the counters of a thousand zones fit in 128k.
+    match parse_size(value).filter(|n| (32 << 10..=1 << 30).contains(n)) {
+        Some(n) if metrics::shm::add(cf, mcf, n as usize) => {
+            mcf.metrics_size = Some(n);
+            NGX_CONF_OK
+        }
+        Some(_) => NGX_CONF_ERROR as _,
+        None => invalid(cf, "size (32k..1g)", value),
+    }
+}
+
+/// Makes this location answer the metrics, as `stub_status` does.
+unsafe extern "C" fn cmd_metrics(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    let (Some(clcf), Some(mcf)) =
+        (NgxHttpCoreModule::location_conf_mut(&*cf), RateLimit::main_conf_mut(&*cf))
+    else {
+        return NGX_CONF_ERROR as _;
+    };
+    clcf.handler = Some(metrics::page::handler);
+    if mcf.metrics_used.is_none() {
+        let file = &(*(*cf).conf_file).file;
+        mcf.metrics_used = Some((text(&file.name).to_owned(), (*(*cf).conf_file).line));
+    }
+    NGX_CONF_OK
 }

@@ -26,38 +26,7 @@ use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
 use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
 use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
-
-/// What happened to a main request; read by the variables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Pending,
-    Skipped,
-    Passed,
-    Rejected,
-    /// Rejected by this worker's memory of an earlier rejection, without asking Redis.
-    RejectedCached,
-    /// Decided by this worker alone under `ratelimit_fail local`, Redis being unusable.
-    PassedLocal,
-    RejectedLocal,
-    FailedOpen,
-    FailedClosed,
-}
-
-impl Status {
-    pub fn as_bytes(self) -> &'static [u8] {
-        match self {
-            Status::Pending => b"PENDING",
-            Status::Skipped => b"SKIPPED",
-            Status::Passed => b"PASSED",
-            Status::Rejected => b"REJECTED",
-            Status::RejectedCached => b"REJECTED_CACHED",
-            Status::PassedLocal => b"PASSED_LOCAL",
-            Status::RejectedLocal => b"REJECTED_LOCAL",
-            Status::FailedOpen => b"FAILED_OPEN",
-            Status::FailedClosed => b"FAILED_CLOSED",
-        }
-    }
-}
+pub use crate::status::Status;
 
 /// Per main request, in its pool. Found again after an internal redirect through the pool's
 /// cleanup list, because redirects wipe `r->ctx`.
@@ -90,6 +59,8 @@ pub struct ZoneReq {
     pub limit: u64,
     pub window_ms: u64,
     cost: u64,
+    /// `member=request_id`: `$request_id`, in the request's pool.
+    member: Option<&'static [u8]>,
 }
 
 impl ZoneReq {
@@ -112,6 +83,7 @@ impl ZoneReq {
             window_ms,
             cost,
             burst: zone.burst,
+            member: self.member,
         }
     }
 }
@@ -168,16 +140,19 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
                 fail(ctx, lcf, mcf, Failure::BadValue(what, zone.name.clone(), value));
+                // Not among the request's zones yet (`apply` counts those): the one that failed.
+                mcf.metrics.get().request(ctx.status, core::iter::once((limit.zone, 0)));
                 return apply(ctx, lcf, mcf);
             }
         };
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
         if cost > capacity {
+            let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
                 "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
-                 request rejected",
+                 request {outcome}",
                 zone.name
             );
             ctx.status = Status::Rejected;
@@ -185,19 +160,33 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         }
         // SAFETY: the prefix and the zone name live in the configuration and the value in the
         // request's pool; the context that keeps the key lives in that pool too.
-        let key = Key::new(
-            &*ptr::from_ref(redis.prefix.as_slice()),
-            &*ptr::from_ref(zone.name.as_bytes()),
-            core::slice::from_raw_parts(value.data, value.len),
-        );
-        ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost });
+        let value = core::slice::from_raw_parts(value.data, value.len);
+        let key = if zone.exact_key {
+            Key::exact(value)
+        } else {
+            Key::new(
+                &*ptr::from_ref(redis.prefix.as_slice()),
+                &*ptr::from_ref(zone.name.as_bytes()),
+                value,
+            )
+        };
+        let member = match zone.member {
+            // SAFETY: the value lives in the request's pool, as the context does.
+            Some(cv) => match eval(r, cv) {
+                Some(id) => Some(core::slice::from_raw_parts(id.data, id.len)),
+                None => return NGX_ERROR as ngx_int_t,
+            },
+            None => None,
+        };
+        ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member });
     }
     if ctx.zones.is_empty() {
         ctx.status = Status::Skipped;
         ctx.applied = true;
         return NGX_DECLINED as ngx_int_t;
     }
-    if lcf.deny_cache() && rejected_from_memory(ctx, mcf) {
+    // A dry run asks Redis every time, so what it reports is what Redis would decide now.
+    if lcf.deny_cache() && !lcf.dry_run() && rejected_from_memory(ctx, mcf) {
         return apply(ctx, lcf, mcf);
     }
 
@@ -262,7 +251,7 @@ unsafe fn param(
 unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut cache = mcf.deny_cache.borrow_mut();
     let Some(cache) = cache.as_mut() else { return false };
-    let now = ngx_current_msec as u64;
+    let (now, entries) = (ngx_current_msec as u64, cache.len());
     for (i, z) in ctx.zones.iter().enumerate() {
         let Some(value) = z.cached_value() else { continue };
         if let Some(left) = cache.check(z.zone, value, z.cost, z.limit, z.window_ms, now) {
@@ -271,6 +260,7 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
             }
         }
     }
+    mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);
     if ctx.quota.is_none() {
         return false;
     }
@@ -282,6 +272,7 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
 fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
     let mut cache = mcf.deny_cache.borrow_mut();
     let cache = cache.get_or_insert_with(|| DenyCache::new(DENY_CACHE_ENTRIES));
+    let entries = cache.len();
     for (z, v) in ctx.zones.iter().zip(&d.zones) {
         if let Some(value) = z.cached_value().filter(|_| !v.ok) {
             let until_ms = ctx.started as u64 + v.reset_ms;
@@ -289,6 +280,7 @@ fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
             cache.insert(z.zone, value, denial);
         }
     }
+    mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);
 }
 
 unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
@@ -608,8 +600,15 @@ fn log_throttle(last: &mut ngx_msec_t) -> bool {
 unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     ctx.applied = true;
     let r = ctx.r;
+    let decided_by_redis = ctx.status == Status::Rejected;
+    if lcf.dry_run() && matches!(ctx.status, Status::Rejected | Status::RejectedLocal) {
+        ctx.status = Status::RejectedDryRun;
+    }
+    mcf.metrics.get().request(ctx.status, ctx.zones.iter().map(|z| (z.zone, z.cost)));
     let rejected =
         matches!(ctx.status, Status::Rejected | Status::RejectedCached | Status::RejectedLocal);
+    // A dry run must not change what clients see: headers only when configured explicitly.
+    let headers = lcf.headers.is_some() || !lcf.dry_run();
     if let Some((i, remaining, reset_ms)) = ctx.quota {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();
@@ -627,20 +626,22 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
             limit: z.limit,
             window_ms: policy_window(mcf, z),
         });
-        if headers::format(lcf.headers(), &quota, policies, |name, value| {
-            add_header(r, name, value)
-        })
-        .is_none()
+        if headers
+            && headers::format(lcf.headers(), &quota, policies, |name, value| {
+                add_header(r, name, value)
+            })
+            .is_none()
         {
             return NGX_ERROR as ngx_int_t;
         }
         // A rejection from memory repeats one already logged; local ones are the outage's.
-        if ctx.status == Status::Rejected {
+        if decided_by_redis {
+            let dry_run = if rejected { "" } else { ", dry run," };
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
-                "ratelimit: limiting requests by zone \"{name}\", limit {limit} per {window_ms}ms, \
-                 retry in {reset_ms}ms"
+                "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} per \
+                 {window_ms}ms, retry in {reset_ms}ms"
             );
         }
     }

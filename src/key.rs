@@ -1,4 +1,5 @@
-//! Redis key building: `<prefix><zone>:<key>`.
+//! Redis key building: `<prefix><zone>:<key>`, or the key value alone (`exact_key=on`, for keys
+//! another limiter writes).
 
 /// Keys longer than this are replaced by their SHA-1, so one client cannot make every decision
 /// carry (and Redis store) a huge key.
@@ -10,6 +11,7 @@ pub const MAX_RAW_KEY: usize = 4096;
 pub struct Key<'a> {
     prefix: &'a [u8],
     zone: &'a [u8],
+    sep: &'static [u8],
     value: Value<'a>,
 }
 
@@ -26,12 +28,17 @@ impl<'a> Key<'a> {
         } else {
             Value::Raw(value)
         };
-        Key { prefix, zone, value }
+        Key { prefix, zone, sep: b":", value }
+    }
+
+    /// The value is the whole key: no prefix, no zone name.
+    pub fn exact(value: &'a [u8]) -> Self {
+        Key { sep: b"", ..Key::new(b"", b"", value) }
     }
 
     /// The key's bytes, in order.
     pub fn parts(&self) -> [&[u8]; 4] {
-        [self.prefix, self.zone, b":", self.value()]
+        [self.prefix, self.zone, self.sep, self.value()]
     }
 
     /// The value as given, unless it was too long and replaced by its SHA-1.
@@ -62,6 +69,13 @@ mod tests {
     #[test]
     fn short_keys_are_kept_raw() {
         assert_eq!(bytes(&Key::new(b"rl:", b"api", b"consumer\r\n42")), b"rl:api:consumer\r\n42");
+    }
+
+    #[test]
+    fn exact_keys_are_the_value_alone() {
+        assert_eq!(bytes(&Key::exact(b"rl:sw:consumer-42")), b"rl:sw:consumer-42");
+        let value = vec![b'x'; MAX_RAW_KEY + 1];
+        assert_eq!(bytes(&Key::exact(&value)), crate::script::sha1_hex(&value));
     }
 
     #[test]

@@ -8,10 +8,12 @@ mod deny_cache;
 pub mod headers;
 pub mod key;
 mod local_limit;
+pub mod metrics;
 pub mod params;
 pub mod quota;
 pub mod redis;
 pub mod script;
+pub mod status;
 pub mod text;
 
 #[cfg(not(test))]

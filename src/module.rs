@@ -3,12 +3,13 @@
 use core::ffi::{c_char, c_void};
 use core::ptr::{addr_of, addr_of_mut};
 
-use ngx::core::Status;
+use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
-    ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, NGX_HTTP_MODULE,
+    ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t, ngx_module_t, NGX_HTTP_MODULE, NGX_LOG_EMERG,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::ngx_log_error;
 
 use crate::conf::{merge_loc_conf, LocConf, MainConf};
 use crate::redis::pool::WorkerPool;
@@ -51,9 +52,18 @@ unsafe impl HttpModuleLocationConf for RateLimit {
     type LocationConf = LocConf;
 }
 
-unsafe extern "C" fn init_main_conf(_cf: *mut ngx_conf_t, _conf: *mut c_void) -> *mut c_char {
+unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
     // Hash the script once, in the master: every worker inherits it.
     script::script();
+    let mcf = &*(conf as *const MainConf);
+    if let (Some((file, line)), None) = (&mcf.metrics_used, mcf.metrics_size) {
+        ngx_log_error!(
+            NGX_LOG_EMERG,
+            (*cf).log,
+            "\"ratelimit_metrics\" needs \"ratelimit_metrics_zone\" in {file}:{line}"
+        );
+        return NGX_CONF_ERROR as _;
+    }
     core::ptr::null_mut()
 }
 
@@ -87,5 +97,8 @@ pub static mut ngx_http_ratelimit_module: ngx_module_t = ngx_module_t {
 unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     if let Some(mcf) = RateLimit::main_conf(&*cycle) {
         WorkerPool::destroy(&mcf.pool);
+        // The gauge sums the workers' caches: this one's entries go with it.
+        let entries = mcf.deny_cache.borrow().as_ref().map_or(0, |c| c.len());
+        mcf.metrics.get().deny_cache_entries(-(entries as i64));
     }
 }

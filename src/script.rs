@@ -182,6 +182,9 @@ pub struct ZoneArgs<'a> {
     pub cost: u64,
     /// GCRA: units that may arrive at once; balance: the balance of a missing key.
     pub burst: u64,
+    /// `sliding_log` with `member=request_id`: the request's id, the base of its members. It
+    /// goes as algorithm `r`, in the place of `burst`, which the log does not use.
+    pub member: Option<&'a [u8]>,
 }
 
 /// Arguments per zone after the key, in the order `lua/decide.lua` reads them.
@@ -220,15 +223,21 @@ impl EncodedArgs {
             None => resp::put_bulk(&mut bytes, b""),
         }
         for z in zones {
-            resp::put_bulk(&mut bytes, z.algorithm.code());
+            let code = if z.member.is_some() { b"r" } else { z.algorithm.code() };
+            resp::put_bulk(&mut bytes, code);
             resp::put_bulk_int(&mut bytes, z.limit);
             resp::put_bulk_int(&mut bytes, z.window_ms);
             resp::put_bulk_int(&mut bytes, z.cost);
-            let burst = match z.algorithm {
-                Algorithm::Gcra | Algorithm::Balance => z.burst,
-                _ => 0,
-            };
-            resp::put_bulk_int(&mut bytes, burst);
+            match z.member {
+                Some(id) => resp::put_bulk(&mut bytes, id),
+                None => {
+                    let burst = match z.algorithm {
+                        Algorithm::Gcra | Algorithm::Balance => z.burst,
+                        _ => 0,
+                    };
+                    resp::put_bulk_int(&mut bytes, burst);
+                }
+            }
         }
         EncodedArgs { bytes, keys_len, zones: count }
     }
@@ -341,7 +350,7 @@ mod tests {
     }
 
     fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
-        ZoneArgs { key, algorithm, limit: 100, window_ms: 60_000, cost, burst: 7 }
+        ZoneArgs { key, algorithm, limit: 100, window_ms: 60_000, cost, burst: 7, member: None }
     }
 
     #[test]
@@ -367,6 +376,27 @@ mod tests {
             .arg(60_000)
             .arg(3)
             .arg(7)
+            .get_packed_command();
+        let mut cmd = Vec::new();
+        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
+        assert_eq!(cmd, expected);
+    }
+
+    #[test]
+    fn request_id_members_go_as_algorithm_r_in_the_place_of_burst() {
+        let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingLog, 2);
+        z.member = Some(b"0123456789abcdef0123456789abcdef");
+        let args = EncodedArgs::new([z].into_iter(), None);
+        let expected = redis::cmd("EVALSHA")
+            .arg(&[b'f'; 40][..])
+            .arg(1)
+            .arg("rl:api:a")
+            .arg("")
+            .arg("r")
+            .arg(100)
+            .arg(60_000)
+            .arg(2)
+            .arg("0123456789abcdef0123456789abcdef")
             .get_packed_command();
         let mut cmd = Vec::new();
         write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);

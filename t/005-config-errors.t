@@ -35,6 +35,9 @@
 #   ratelimit_fail_local_share 0, abc
 #   ratelimit_fail_local_size 8k, 2g, 1.5m; twice; in server{}
 #   ratelimit_status  200, 600, abc; twice
+#   ratelimit_zone exact_key=yes; member=foo; member=request_id with gcra
+#   ratelimit_dry_run foo; twice
+#   ratelimit_metrics_zone 8k; twice; ratelimit_metrics with an argument, without the zone
 #   ratelimit_headers foo
 #   ratelimit_log_level foo (and debug, which nginx has but the module does
 #                     not offer)
@@ -228,6 +231,24 @@ my @rows = (
         'ratelimit_log_level', qr/"debug"/],
     ['ratelimit_deny_cache foo', "$R\n$Z", "ratelimit_deny_cache foo; #<-",
         'ratelimit_deny_cache', qr/"foo"/],
+    ['ratelimit_dry_run foo', "$R\n$Z", "ratelimit_dry_run foo; #<-",
+        'ratelimit_dry_run', qr/"foo"/],
+    ['ratelimit_zone: exact_key=yes', zone('limit=2 window=10s exact_key=yes'), '',
+        'ratelimit_zone', qr/"exact_key=yes"/],
+    ['ratelimit_zone: member=foo', zone('limit=2 window=10s member=foo'), '',
+        'ratelimit_zone', qr/"member=foo"/],
+    ['ratelimit_zone: member=request_id with gcra', zone('limit=2 window=10s algorithm=gcra member=request_id'), '',
+        'ratelimit_zone', qr/needs algorithm=sliding_log/],
+    ['ratelimit_metrics_zone 8k', "$R\n$Z\nratelimit_metrics_zone 8k; #<-", '',
+        'ratelimit_metrics_zone', qr/"8k"/],
+    ['ratelimit_metrics_zone twice', "$R\n$Z\nratelimit_metrics_zone 64k;\nratelimit_metrics_zone 64k; #<-", '',
+        'ratelimit_metrics_zone', qr/is duplicate/],
+    ['ratelimit_metrics with an argument', "$R\n$Z", "location = /m { ratelimit_metrics on; } #<-",
+        'ratelimit_metrics', qr/invalid number of arguments/],
+    ['ratelimit_metrics without ratelimit_metrics_zone', "$R\n$Z", "location = /m { ratelimit_metrics; } #<-",
+        'ratelimit_metrics', qr/needs "ratelimit_metrics_zone"/],
+    ['ratelimit_dry_run twice', "$R\n$Z", "ratelimit_dry_run on;\nratelimit_dry_run off; #<-",
+        'ratelimit_dry_run', qr/is duplicate/],
 );
 
 my @table;

@@ -11,6 +11,7 @@
 use core::ffi::{c_int, c_void};
 use core::ptr::{self, NonNull};
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use ngx::ffi::{
     getsockopt, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec, ngx_cycle,
@@ -22,6 +23,7 @@ use ngx::ffi::{
 
 use super::pool::{complete, Command, RedisError, Token, Waiter, WorkerPool};
 use super::resp;
+use crate::metrics::{Counter, Gauge};
 use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 
 const READ_CHUNK: usize = 4096;
@@ -50,6 +52,8 @@ struct Sent {
     /// How many of the oldest decisions in flight its reply answers; 0 for set-up whose reply
     /// is dropped (`AUTH`, `SCRIPT LOAD`).
     decides: usize,
+    /// The same moment on a clock finer than nginx's ms, for the round-trip histogram.
+    written: Instant,
 }
 
 pub struct Conn {
@@ -150,7 +154,11 @@ impl Conn {
                 // `WRONGPASS` counts as a failure) and then dropped. Its deadline runs from
                 // the connect, as it is written as soon as the connection is.
                 conn.out.extend_from_slice(auth);
-                conn.sent.push_back(Sent { at: ngx_current_msec, decides: 0 });
+                conn.sent.push_back(Sent {
+                    at: ngx_current_msec,
+                    decides: 0,
+                    written: Instant::now(),
+                });
                 ngx_add_timer((*c).read, conf.timeout);
             }
             if !conf.is_unix {
@@ -211,6 +219,7 @@ impl Conn {
             if log {
                 (*conn.pool).failed(&why);
             }
+            (*conn.pool).metrics.gauge(Gauge::InFlight, -(conn.in_flight.len() as i64));
             (*conn.pool).forget(this);
             if conn.flush_ev.posted() != 0 {
                 ngx_delete_posted_event(ptr::addr_of!(conn.flush_ev) as *mut _);
@@ -232,6 +241,9 @@ impl Conn {
         }
         // SAFETY: a worker's cached clock, read on its only thread.
         let now = unsafe { ngx_current_msec };
+        let written = Instant::now();
+        // SAFETY: the pool outlives its connections.
+        let metrics = unsafe { (*self.pool).metrics };
         let mut batch: Vec<&EncodedArgs> = Vec::new();
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
             let room = MAX_IN_FLIGHT - self.in_flight.len();
@@ -254,10 +266,12 @@ impl Conn {
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
                 script::write_script_load(&mut self.out, script::script());
-                self.sent.push_back(Sent { at: now, decides: 0 });
+                self.sent.push_back(Sent { at: now, decides: 0, written });
+                metrics.count(Counter::ScriptLoads);
             }
             script::write_batch(&mut self.out, script::script(), &batch);
-            self.sent.push_back(Sent { at: now, decides: batch.len() });
+            self.sent.push_back(Sent { at: now, decides: batch.len(), written });
+            metrics.gauge(Gauge::InFlight, batch.len() as i64);
             for q in self.queued.drain(..batch.len()) {
                 self.in_flight.push_back((q.seq, Some(q.waiter)));
             }
@@ -376,6 +390,8 @@ impl Conn {
                             continue;
                         }
                         let n = sent.decides;
+                        pool.metrics.gauge(Gauge::InFlight, -(n as i64));
+                        pool.metrics.round_trip(sent.written.elapsed().as_micros() as u64);
                         let decisions = conn.in_flight.drain(..n).map(|(_, w)| w);
                         match script::split_batch(reply, n) {
                             Ok(replies) => {

@@ -19,6 +19,7 @@ use super::breaker::{self, Admit, Breaker, Transition};
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::resp::{ProtocolError, Reply};
 use crate::conf::{MainConf, RedisConf};
+use crate::metrics::{Counter, ErrorKind, Gauge, Metrics};
 use crate::script::EncodedArgs;
 
 /// A new connection is opened only when every open one already carries this many decisions;
@@ -38,6 +39,22 @@ pub enum RedisError {
     Overloaded,
     /// An error reply after which Redis cannot decide (`LOADING`, `BUSY`, `READONLY`, ...).
     Refused(String),
+}
+
+impl RedisError {
+    /// For the metrics; `None` for what is not Redis failing: an open breaker (not asked) and
+    /// error replies, which are counted by their class.
+    fn kind(&self) -> Option<ErrorKind> {
+        Some(match self {
+            RedisError::Connect => ErrorKind::Refused,
+            RedisError::Timeout => ErrorKind::Timeout,
+            RedisError::Closed => ErrorKind::Closed,
+            RedisError::Io => ErrorKind::Io,
+            RedisError::Protocol(_) | RedisError::UnexpectedReply => ErrorKind::Protocol,
+            RedisError::Overloaded => ErrorKind::Overloaded,
+            RedisError::Unavailable | RedisError::Refused(_) => return None,
+        })
+    }
 }
 
 impl fmt::Display for RedisError {
@@ -87,6 +104,9 @@ pub struct WorkerPool {
     pub(super) conf: *const RedisConf,
     pub(super) conns: Vec<NonNull<Conn>>,
     pub(super) breaker: Breaker,
+    pub(super) metrics: Metrics,
+    /// This worker is counted in the `BreakerOpen` gauge.
+    breaker_open: bool,
 }
 
 impl WorkerPool {
@@ -96,7 +116,10 @@ impl WorkerPool {
         let mut p = mcf.pool.get();
         if p.is_null() {
             let breaker = Breaker::new(conf.fail_threshold, conf.fail_backoff as u64);
-            p = Box::into_raw(Box::new(WorkerPool { conf, conns: Vec::new(), breaker }));
+            let metrics = mcf.metrics.get();
+            let pool =
+                WorkerPool { conf, conns: Vec::new(), breaker, metrics, breaker_open: false };
+            p = Box::into_raw(Box::new(pool));
             mcf.pool.set(p);
         }
         // SAFETY: the pool lives until `destroy` at worker exit, and a worker is one thread.
@@ -116,6 +139,7 @@ impl WorkerPool {
             while let Some(&conn) = (*p).conns.last() {
                 Conn::close(conn, RedisError::Closed, false);
             }
+            (*p).breaker_gauge(false);
             drop(Box::from_raw(p));
         }
     }
@@ -150,8 +174,10 @@ impl WorkerPool {
         let busy = least.is_none_or(|c| load(&c) >= SPILL_AT);
         if busy && self.conns.len() < self.conf().pool_size {
             let self_ptr: *mut WorkerPool = self;
+            self.metrics.count(Counter::Connects);
             match Conn::connect(self_ptr) {
                 Ok(c) => {
+                    self.metrics.gauge(Gauge::Connections, 1);
                     self.conns.push(c);
                     return Ok(c);
                 }
@@ -180,6 +206,7 @@ impl WorkerPool {
     }
 
     pub(super) fn forget(&mut self, conn: NonNull<Conn>) {
+        self.metrics.gauge(Gauge::Connections, -1);
         self.conns.retain(|&c| c != conn);
     }
 
@@ -192,6 +219,7 @@ impl WorkerPool {
     /// A failure: the first of an outage is logged with its reason, and the breaker's
     /// transitions once each.
     pub(super) fn failed(&mut self, why: &RedisError) {
+        self.metrics.failure(why.kind());
         let name = &self.conf().name;
         if !self.breaker.failing() {
             ngx_log_error!(
@@ -203,6 +231,7 @@ impl WorkerPool {
         let backoff = self.conf().fail_backoff;
         match self.breaker.failure(now()) {
             Some(Transition::Opened) => {
+                self.breaker_gauge(true);
                 ngx_log_error!(
                     NGX_LOG_WARN,
                     log(),
@@ -212,6 +241,7 @@ impl WorkerPool {
                 );
             }
             Some(Transition::Reopened) => {
+                self.breaker_gauge(true);
                 ngx_log_error!(
                     NGX_LOG_INFO,
                     log(),
@@ -228,6 +258,7 @@ impl WorkerPool {
     /// after a failover, whose address may lead to the new primary on a fresh connection).
     pub(super) fn replied(&mut self, reply: &Reply, late: bool) -> bool {
         if let Reply::Error(e) = reply {
+            self.metrics.error_reply(e);
             if breaker::unusable(e) {
                 let msg = String::from_utf8_lossy(e);
                 self.failed(&RedisError::Refused(msg.into_owned()));
@@ -239,6 +270,7 @@ impl WorkerPool {
         }
         let was_failing = self.breaker.failing();
         self.breaker.success();
+        self.breaker_gauge(false);
         if was_failing {
             ngx_log_error!(
                 NGX_LOG_NOTICE,
@@ -248,6 +280,19 @@ impl WorkerPool {
             );
         }
         false
+    }
+}
+
+impl WorkerPool {
+    /// Keeps this worker's share of the `BreakerOpen` gauge, and counts each opening.
+    fn breaker_gauge(&mut self, open: bool) {
+        if open {
+            self.metrics.count(Counter::BreakerOpenings);
+        }
+        if open != self.breaker_open {
+            self.breaker_open = open;
+            self.metrics.gauge(Gauge::BreakerOpen, if open { 1 } else { -1 });
+        }
     }
 }
 

@@ -1,0 +1,331 @@
+//! Counters shared by every worker, for `ratelimit_metrics`: one array of 64-bit cells in a
+//! shared memory zone (`ratelimit_metrics_zone`), updated with relaxed atomic adds where outcomes
+//! happen and read whole by the metrics location.
+//!
+//! The layout is fixed by the configuration (its zones and Redis server), so counting never
+//! allocates: the array is allocated once when the zone is set up, and a zone too small for it
+//! leaves [`Metrics::disabled`], which counts nothing (said once, at start).
+
+pub mod format;
+#[cfg(not(test))]
+pub mod page;
+#[cfg(not(test))]
+pub mod shm;
+
+use core::ptr;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::status::Status;
+
+/// The statuses counted per zone: every final status of a request that has zones to count in
+/// (`SKIPPED` has none, `PENDING` is no decision).
+pub const STATUSES: [Status; 8] = [
+    Status::Passed,
+    Status::Rejected,
+    Status::RejectedCached,
+    Status::RejectedDryRun,
+    Status::PassedLocal,
+    Status::RejectedLocal,
+    Status::FailedOpen,
+    Status::FailedClosed,
+];
+
+/// Upper bounds of the Redis round-trip histogram, in µs: 0.1 ms to 1 s, as Prometheus's
+/// defaults space them (1, 2.5, 5 per decade).
+pub const BUCKETS_US: [u64; 13] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
+
+/// Why a decision could not be had from Redis, other than an error reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Refused,
+    Timeout,
+    Closed,
+    Io,
+    Protocol,
+    Overloaded,
+}
+
+pub const ERROR_KINDS: [(ErrorKind, &str); 6] = [
+    (ErrorKind::Refused, "refused"),
+    (ErrorKind::Timeout, "timeout"),
+    (ErrorKind::Closed, "closed"),
+    (ErrorKind::Io, "io"),
+    (ErrorKind::Protocol, "protocol"),
+    (ErrorKind::Overloaded, "overloaded"),
+];
+
+/// Error reply classes (the reply's first word); any other is `other`.
+pub const REPLY_CLASSES: [&str; 13] = [
+    "NOSCRIPT",
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "OOM",
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "MASTERDOWN",
+    "MISCONF",
+    "WRONGTYPE",
+    "ERR",
+    "other",
+];
+
+/// Counters of the Redis server; [`Metrics::count`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Connects = R_CONNECTS as isize,
+    ScriptLoads = R_SCRIPT_LOADS as isize,
+    BreakerOpenings = R_BREAKER_OPENINGS as isize,
+}
+
+/// Gauges summed over the workers; [`Metrics::gauge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gauge {
+    /// Decisions written to Redis and not answered yet.
+    InFlight = R_IN_FLIGHT as isize,
+    /// Connections open or opening.
+    Connections = R_CONNECTIONS as isize,
+    /// Workers whose circuit breaker is open.
+    BreakerOpen = R_BREAKER_OPEN as isize,
+}
+
+// The layout: a header cell, then per zone its statuses and units, then the Redis server's
+// cells, then the worker-summed ones.
+const HEADER: usize = 1;
+const Z_UNITS: usize = STATUSES.len();
+pub const ZONE_CELLS: usize = STATUSES.len() + 1;
+const R_BUCKETS: usize = 0;
+const R_COUNT: usize = R_BUCKETS + BUCKETS_US.len();
+const R_SUM_US: usize = R_COUNT + 1;
+const R_IN_FLIGHT: usize = R_SUM_US + 1;
+const R_CONNECTIONS: usize = R_IN_FLIGHT + 1;
+const R_CONNECTS: usize = R_CONNECTIONS + 1;
+const R_ERRORS: usize = R_CONNECTS + 1;
+const R_REPLIES: usize = R_ERRORS + ERROR_KINDS.len();
+const R_SCRIPT_LOADS: usize = R_REPLIES + REPLY_CLASSES.len();
+const R_BREAKER_OPENINGS: usize = R_SCRIPT_LOADS + 1;
+const R_BREAKER_OPEN: usize = R_BREAKER_OPENINGS + 1;
+const REDIS_CELLS: usize = R_BREAKER_OPEN + 1;
+const W_DENY_ENTRIES: usize = 0;
+const WORKER_CELLS: usize = 1;
+
+/// The cells a configuration of `zones` zones needs.
+pub const fn cells(zones: usize) -> usize {
+    HEADER + zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS
+}
+
+/// A handle on the shared cells, copied wherever outcomes happen. Disabled (null) when the
+/// configuration has no metrics zone or the zone had no room.
+#[derive(Debug, Clone, Copy)]
+pub struct Metrics {
+    cells: *const AtomicU64,
+    zones: usize,
+}
+
+impl Metrics {
+    pub const fn disabled() -> Self {
+        Metrics { cells: ptr::null(), zones: 0 }
+    }
+
+    /// # Safety
+    /// `cells` points to [`cells`]`(zones)` cells that stay mapped while the handle is used.
+    pub unsafe fn new(cells: *const AtomicU64, zones: usize) -> Self {
+        Metrics { cells, zones }
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.cells.is_null()
+    }
+
+    fn add(&self, i: usize, n: u64) {
+        if !self.cells.is_null() {
+            // SAFETY: `new`'s contract; every index below is within the layout of `zones`.
+            unsafe { (*self.cells.add(i)).fetch_add(n, Relaxed) };
+        }
+    }
+
+    fn redis(&self) -> usize {
+        HEADER + self.zones * ZONE_CELLS
+    }
+
+    /// A request's final status in each of its zones `(zone, cost)`, and the units it recorded.
+    pub fn request(&self, status: Status, zones: impl Iterator<Item = (usize, u64)>) {
+        let recorded = matches!(status, Status::Passed | Status::PassedLocal);
+        for (zone, cost) in zones {
+            self.decision(zone, status, if recorded { cost } else { 0 });
+        }
+    }
+
+    fn decision(&self, zone: usize, status: Status, units: u64) {
+        let base = HEADER + zone * ZONE_CELLS;
+        if let Some(i) = STATUSES.iter().position(|&s| s == status) {
+            self.add(base + i, 1);
+        }
+        if units > 0 {
+            self.add(base + Z_UNITS, units);
+        }
+    }
+
+    /// One script call's round trip, from its write to its reply.
+    pub fn round_trip(&self, us: u64) {
+        let r = self.redis();
+        if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
+            self.add(r + R_BUCKETS + i, 1);
+        }
+        self.add(r + R_COUNT, 1);
+        self.add(r + R_SUM_US, us);
+    }
+
+    /// A failed decision; `None` is no Redis failure (an open breaker did not ask).
+    pub fn failure(&self, kind: Option<ErrorKind>) {
+        if let Some(kind) = kind {
+            let i = ERROR_KINDS.iter().position(|&(k, _)| k == kind).unwrap_or(0);
+            self.add(self.redis() + R_ERRORS + i, 1);
+        }
+    }
+
+    /// An error reply to a whole call, by its class.
+    pub fn error_reply(&self, msg: &[u8]) {
+        let word = msg.split(|&b| b == b' ').next().unwrap_or_default();
+        let last = REPLY_CLASSES.len() - 1;
+        let i = REPLY_CLASSES[..last].iter().position(|c| c.as_bytes() == word).unwrap_or(last);
+        self.add(self.redis() + R_REPLIES + i, 1);
+    }
+
+    pub fn count(&self, c: Counter) {
+        self.add(self.redis() + c as usize, 1);
+    }
+
+    /// Gauges go up and down by wrapping adds; read back as signed.
+    pub fn gauge(&self, g: Gauge, delta: i64) {
+        self.add(self.redis() + g as usize, delta as u64);
+    }
+
+    pub fn deny_cache_entries(&self, delta: i64) {
+        self.add(self.redis() + REDIS_CELLS + W_DENY_ENTRIES, delta as u64);
+    }
+
+    /// Every cell, read one by one: counters of different cells may be a few updates apart.
+    pub fn snapshot(&self) -> Vec<u64> {
+        if self.cells.is_null() {
+            return vec![0; cells(self.zones)];
+        }
+        // SAFETY: `new`'s contract.
+        (0..cells(self.zones)).map(|i| unsafe { (*self.cells.add(i)).load(Relaxed) }).collect()
+    }
+}
+
+/// Reads a snapshot by meaning, for the formats.
+pub struct View<'a> {
+    pub cells: &'a [u64],
+    pub zones: usize,
+}
+
+impl View<'_> {
+    pub fn status(&self, zone: usize, i: usize) -> u64 {
+        self.cells[HEADER + zone * ZONE_CELLS + i]
+    }
+    pub fn units(&self, zone: usize) -> u64 {
+        self.cells[HEADER + zone * ZONE_CELLS + Z_UNITS]
+    }
+    fn redis(&self, i: usize) -> u64 {
+        self.cells[HEADER + self.zones * ZONE_CELLS + i]
+    }
+    /// Cumulative, as Prometheus wants them.
+    pub fn buckets(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..BUCKETS_US.len()).scan(0, |sum, i| {
+            *sum += self.redis(R_BUCKETS + i);
+            Some(*sum)
+        })
+    }
+    pub fn round_trips(&self) -> u64 {
+        self.redis(R_COUNT)
+    }
+    pub fn round_trip_sum_us(&self) -> u64 {
+        self.redis(R_SUM_US)
+    }
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.redis(c as usize)
+    }
+    /// Never below 0, even while one worker's decrement is seen before another's increment.
+    pub fn gauge(&self, g: Gauge) -> u64 {
+        (self.redis(g as usize) as i64).max(0) as u64
+    }
+    pub fn errors(&self, i: usize) -> u64 {
+        self.redis(R_ERRORS + i)
+    }
+    pub fn replies(&self, i: usize) -> u64 {
+        self.redis(R_REPLIES + i)
+    }
+    pub fn deny_cache_entries(&self) -> u64 {
+        (self.redis(REDIS_CELLS + W_DENY_ENTRIES) as i64).max(0) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(zones: usize) -> (Metrics, &'static [AtomicU64]) {
+        let cells: &'static [AtomicU64] =
+            Box::leak((0..cells(zones)).map(|_| AtomicU64::new(0)).collect());
+        (unsafe { Metrics::new(cells.as_ptr(), zones) }, cells)
+    }
+
+    #[test]
+    fn decisions_and_units_per_zone() {
+        let (m, _) = metrics(2);
+        m.decision(1, Status::Passed, 3);
+        m.decision(1, Status::Passed, 1);
+        m.decision(0, Status::RejectedDryRun, 0);
+        m.decision(0, Status::Skipped, 0);
+        let cells = m.snapshot();
+        let v = View { cells: &cells, zones: 2 };
+        assert_eq!(v.status(1, 0), 2);
+        assert_eq!(v.units(1), 4);
+        assert_eq!(v.status(0, 3), 1);
+        assert_eq!(v.units(0), 0);
+        assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1);
+    }
+
+    #[test]
+    fn histogram_gauges_and_errors() {
+        let (m, _) = metrics(1);
+        for us in [50, 100, 101, 2_000_000] {
+            m.round_trip(us);
+        }
+        m.gauge(Gauge::InFlight, 3);
+        m.gauge(Gauge::InFlight, -2);
+        m.gauge(Gauge::Connections, -1);
+        m.failure(Some(ErrorKind::Timeout));
+        m.failure(None);
+        m.error_reply(b"LOADING Redis is loading");
+        m.error_reply(b"WEIRD thing");
+        m.count(Counter::ScriptLoads);
+        m.deny_cache_entries(5);
+        let cells = m.snapshot();
+        let v = View { cells: &cells, zones: 1 };
+        let b: Vec<u64> = v.buckets().collect();
+        assert_eq!(&b[..3], &[2, 3, 3]);
+        assert_eq!(b[12], 3, "2 s is only in +Inf");
+        assert_eq!((v.round_trips(), v.round_trip_sum_us()), (4, 2_000_251));
+        assert_eq!((v.gauge(Gauge::InFlight), v.gauge(Gauge::Connections)), (1, 0));
+        assert_eq!(v.errors(1), 1);
+        assert_eq!((0..ERROR_KINDS.len()).map(|i| v.errors(i)).sum::<u64>(), 1);
+        assert_eq!((v.replies(1), v.replies(12)), (1, 1));
+        assert_eq!(v.counter(Counter::ScriptLoads), 1);
+        assert_eq!(v.deny_cache_entries(), 5);
+    }
+
+    #[test]
+    fn disabled_counts_nothing() {
+        let m = Metrics::disabled();
+        m.decision(0, Status::Passed, 1);
+        m.round_trip(5);
+        assert!(m.snapshot().iter().all(|&c| c == 0));
+    }
+}
