@@ -38,13 +38,15 @@ sub load_into {
     require RLTest::Nginx;
     my $module = RLTest::Nginx::module_path();
     # Read by Test::Nginx::Util when it loads.
-    $ENV{TEST_NGINX_LOAD_MODULES} = join ' ', grep { defined && length }
-        $ENV{TEST_NGINX_LOAD_MODULES}, $module;
     $ENV{TEST_NGINX_BINARY} //= RLTest::Nginx::binary();
     $ENV{TEST_NGINX_RANDOMIZE} //= 1;
     eval "package $caller; use Test::Nginx::Socket; 1"
         or die "RLTEST_HARNESS=test-nginx: cannot load Test::Nginx::Socket "
             . "(make deps-test-nginx, or TEST_NGINX_LIB=/path/to/test-nginx/lib): $@";
+    # Our module after those of TEST_NGINX_LOAD_MODULES (ndk and lua for Debian's
+    # nginx), which RLTest's own instances keep loading as they are.
+    $Test::Nginx::Util::LoadModules = join ' ', grep { defined && length }
+        $ENV{TEST_NGINX_LOAD_MODULES}, $module;
     Test::Nginx::Util::master_on();
     Test::Nginx::Util::no_root_location();
     Test::Nginx::Util::log_level('info');
@@ -71,6 +73,12 @@ sub run_tests {
     # The configs' variables: Test::Nginx's own server, html dir and servroot.
     $ENV{TEST_NGINX_SERVER_PORT} = $Test::Nginx::Util::ServerPort;
     $ENV{TEST_NGINX_HTML_DIR}    = Test::Nginx::Util::html_dir();
+    # rl_ sections see these, as the configs do (Test::Nginx's expansion).
+    $RLTest::expander = sub {
+        my ($text) = @_;
+        $text =~ s/\$(TEST_NGINX_[A-Z0-9_]+)/$ENV{$1} \/\/ "\$$1"/ge if defined $text;
+        return $text;
+    };
     my $default_workers = $ENV{TEST_NGINX_WORKERS} || 1;
     unless ($hooked++) {
         Test::Nginx::Util::add_block_preprocessor(sub {
@@ -96,6 +104,7 @@ sub run_tests {
         });
     }
     Test::Nginx::Socket::run_tests();
+    Test::More::done_testing() unless Test::More->builder->has_plan;
 }
 
 # The rl_ sections checked after the block's requests, as RLTest::run_block
