@@ -341,6 +341,8 @@ test-system: deps-test
 
 DOCKER       ?= $(shell [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker)
 IMAGE        ?= ngx-ratelimit
+# The test target's image: IMAGE's name with the tag "test".
+TEST_IMAGE   ?= $(firstword $(subst :, ,$(IMAGE))):test
 CA_BUNDLE    ?=
 comma        := ,
 DOCKER_BUILD  = DOCKER_BUILDKIT=1 $(DOCKER) build --progress=plain --network host \
@@ -360,7 +362,7 @@ docker-smoke:
 # make test inside an image that had only Debian and Rust; TEST_HARNESS=test-nginx runs the
 # suites under Test::Nginx::Socket from CPAN.
 docker-test:
-	$(DOCKER_BUILD) --target test --build-arg TEST_HARNESS=$(TEST_HARNESS) -t $(IMAGE):test .
+	$(DOCKER_BUILD) --target test --build-arg TEST_HARNESS=$(TEST_HARNESS) -t $(TEST_IMAGE) .
 
 # ---------------------------------------------------------------------------------------------
 

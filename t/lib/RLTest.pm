@@ -205,10 +205,10 @@ my %SHARED = map { $_ => 1 } qw(main_config http_config config log_level user_fi
     response_headers response_headers_like response_body response_body_like
     error_log no_error_log access_log wait init must_die skip_eval ignore_response
     ONLY SKIP LAST);
-our %OWN = map { $_ => 1 } qw(rl_redis_setup rl_redis_check rl_workers
+my %OWN = map { $_ => 1 } qw(rl_redis_setup rl_redis_check rl_workers
     rl_error_log rl_no_error_log rl_access_log);
 # The names these sections had before (t/rename-sections.pl converts a file).
-our %RENAMED = (redis => 'rl_redis_setup', redis_check => 'rl_redis_check',
+my %RENAMED = (redis => 'rl_redis_setup', redis_check => 'rl_redis_check',
     workers => 'rl_workers');
 my %FOREIGN = (skip_nginx => "Test::Nginx's skip_nginx compares nginx versions "
     . "('N: < 1.21.1'); use skip_eval");
