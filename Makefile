@@ -98,7 +98,8 @@ endef
 .PHONY: build build-system run test test-unit test-vendored test-system test-fuzz test-valgrind \
         bench bench-compare \
         smoke smoke-system fmt fmt-check lint clean \
-        deps deps-build deps-system deps-test deps-test-nginx deps-run deps-bench deps-docker \
+        deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
+        deps-bench deps-docker \
         print-apt-packages print-apt-docker-packages docker-bases docker-build docker-smoke docker-test
 
 # ---------------------------------------------------------------------------------------------
@@ -126,8 +127,10 @@ deps-docker:
 
 # Test::Nginx::Socket for TEST_HARNESS=test-nginx: its dependencies from Debian, itself from CPAN
 # (cpanm needs to reach CPAN; where it cannot, use a checkout with TEST_NGINX_LIB instead).
-deps-test-nginx:
+# (Two targets: apt_ensure ends its recipe with exit.)
+deps-test-nginx-apt:
 	@$(call apt_ensure,$(APT_TEST_NGINX))
+deps-test-nginx: deps-test-nginx-apt
 	if [ -z "$(TEST_NGINX_LIB)" ] && ! perl -MTest::Nginx::Socket -e1 2>/dev/null; then
 	  echo "==> cpanm Test::Nginx"
 	  cpanm --notest --quiet Test::Nginx
