@@ -50,6 +50,8 @@ stop)
     for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
     rm -f "$pidf"
+    # dockerd leaves its default network namespace mounted (nsfs) in the exec root.
+    if mountpoint -q "$dir/exec/netns/default" 2>/dev/null; then umount "$dir/exec/netns/default" || true; fi
     ;;
 *)
     echo "usage: $0 start|stop [DIR]" >&2; exit 2 ;;
