@@ -67,10 +67,10 @@ sub read_file {
     return scalar <$fh>;
 }
 
-my $hooked;
 sub run_tests {
     RLTest::setup();
-    # The configs' variables: Test::Nginx's own server, html dir and servroot.
+    # The configs' variables: Test::Nginx's own server and html dir
+    # ($TEST_NGINX_SERVROOT stays RLTest's, where Redis and its socket live).
     $ENV{TEST_NGINX_SERVER_PORT} = $Test::Nginx::Util::ServerPort;
     $ENV{TEST_NGINX_HTML_DIR}    = Test::Nginx::Util::html_dir();
     # rl_ sections see these, as the configs do (Test::Nginx's expansion).
@@ -80,29 +80,27 @@ sub run_tests {
         return $text;
     };
     my $default_workers = $ENV{TEST_NGINX_WORKERS} || 1;
-    unless ($hooked++) {
-        Test::Nginx::Util::add_block_preprocessor(sub {
-            my ($block) = @_;
-            eval { RLTest::check_sections($block); 1 } or die $block->name . ": $@";
-            my $redis = RLTest::redis();
-            $redis->reset;
-            for my $line (RLTest::lines(RLTest::section($block, 'rl_redis_setup'))) {
-                my $r = $redis->cmd(RLTest::Redis::split_command($line));
-                die $block->name . ": redis setup '$line': " . $r->message . "\n"
-                    if ref $r eq 'RLTest::Redis::Error';
-            }
-            my $w = RLTest::section($block, 'rl_workers');
-            $w =~ s/\s+//g if defined $w;
-            Test::Nginx::Util::workers($w || $default_workers);
-            my $files = join '', map { ">>> $_\n$DEFAULT_HTML{$_}" } sort keys %DEFAULT_HTML;
-            $block->set_value(user_files => $files . (RLTest::section($block, 'user_files') // ''));
-        });
-        Test::Nginx::Socket::add_response_body_check(sub {
-            my ($block, $body, $req_idx, $repeated_req_idx, $dry_run) = @_;
-            return if $dry_run || $req_idx != requests_of($block) - 1;
-            after_requests($block);
-        });
-    }
+    Test::Nginx::Util::add_block_preprocessor(sub {
+        my ($block) = @_;
+        eval { RLTest::check_sections($block); 1 } or die $block->name . ": $@";
+        my $redis = RLTest::redis();
+        $redis->reset;
+        for my $line (RLTest::lines(RLTest::section($block, 'rl_redis_setup'))) {
+            my $r = $redis->cmd(RLTest::Redis::split_command($line));
+            die $block->name . ": redis setup '$line': " . $r->message . "\n"
+                if ref $r eq 'RLTest::Redis::Error';
+        }
+        my $w = RLTest::section($block, 'rl_workers');
+        $w =~ s/\s+//g if defined $w;
+        Test::Nginx::Util::workers($w || $default_workers);
+        my $files = join '', map { ">>> $_\n$DEFAULT_HTML{$_}" } sort keys %DEFAULT_HTML;
+        $block->set_value(user_files => $files . (RLTest::section($block, 'user_files') // ''));
+    });
+    Test::Nginx::Socket::add_response_body_check(sub {
+        my ($block, $body, $req_idx, $repeated_req_idx, $dry_run) = @_;
+        return if $dry_run || $req_idx != requests_of($block) - 1;
+        after_requests($block);
+    });
     Test::Nginx::Socket::run_tests();
     Test::More::done_testing() unless Test::More->builder->has_plan;
 }
