@@ -6,7 +6,10 @@
 #                       -> build/system/ngx_http_ratelimit_module.so (loads into /usr/sbin/nginx)
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
 #   make test           cargo test, 60 s of RESP fuzzing, prove -r t (vendored build; system
-#                       build too if present), every suite again under valgrind
+#                       build too if present), every suite again under valgrind;
+#                       TEST_HARNESS=test-nginx: the suites under the real Test::Nginx::Socket
+#   make docker-bases   the Dockerfile's FROM images from Debian's packages (no registry needed)
+#   make docker-build | docker-smoke | docker-test   the image, its smoke test, make test in it
 #   make bench          wrk benchmark, unlimited vs limited location (bench/run.sh)
 #   make bench-compare  no limiter vs the article's Lua block vs this module (bench/compare.sh)
 #   make fmt | lint | clean
@@ -48,12 +51,25 @@ SYS_TARGET := $(ROOT)/target/system
 
 # Debian packages, by purpose.
 APT_BUILD  := gcc make libclang-dev libpcre2-dev libssl-dev zlib1g-dev
-APT_SYSTEM := nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua
-APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind prometheus
+# curl: smoke-system requests a static file and a Lua location.
+APT_SYSTEM := nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua curl
+# g++: the fuzz step builds libfuzzer-sys, whose C++ sources need it.
+APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind g++ prometheus
+# What openresty/test-nginx (Test::Nginx::Socket, for TEST_HARNESS=test-nginx) needs from Debian;
+# Test::Nginx itself is not packaged: cpanminus installs it from CPAN (make deps-test-nginx).
+APT_TEST_NGINX := libtext-diff-perl libtest-longstring-perl libwww-perl libhttp-message-perl \
+              libipc-run-perl liburi-perl liblist-moreutils-perl cpanminus
+APT_DOCKER := docker.io debootstrap
 APT_RUN    := redis-server redis-tools curl
 APT_BENCH  := redis-server redis-tools wrk curl nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua \
               lua-nginx-redis python3-venv
 APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH))
+
+# The harness the t/ suites run under: rltest (t/lib/RLTest.pm) or test-nginx (the real
+# Test::Nginx::Socket, from CPAN or from a checkout named by TEST_NGINX_LIB=/path/to/test-nginx/lib).
+TEST_HARNESS ?= rltest
+TEST_NGINX_LIB ?=
+HARNESS_ENV = RLTEST_HARNESS=$(TEST_HARNESS) $(if $(TEST_NGINX_LIB),PERL5LIB=$(abspath $(TEST_NGINX_LIB))$${PERL5LIB:+:$$PERL5LIB})
 
 # $(call apt_ensure,packages): install those of the packages that are not installed yet.
 define apt_ensure
@@ -82,13 +98,17 @@ endef
 .PHONY: build build-system run test test-unit test-vendored test-system test-fuzz test-valgrind \
         bench bench-compare \
         smoke smoke-system fmt fmt-check lint clean \
-        deps deps-build deps-system deps-test deps-run deps-bench print-apt-packages
+        deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
+        deps-bench deps-docker \
+        print-apt-packages print-apt-docker-packages docker-bases docker-build docker-smoke docker-test
 
 # ---------------------------------------------------------------------------------------------
 # dependencies
 
 print-apt-packages:
 	@echo $(APT_ALL)
+print-apt-docker-packages:
+	@echo $(APT_DOCKER)
 
 deps:
 	@$(call apt_ensure,$(APT_ALL))
@@ -102,6 +122,19 @@ deps-run:
 	@$(call apt_ensure,$(APT_BUILD) $(APT_RUN))
 deps-bench:
 	@$(call apt_ensure,$(APT_BUILD) $(APT_BENCH))
+deps-docker:
+	@$(call apt_ensure,$(APT_DOCKER))
+
+# Test::Nginx::Socket for TEST_HARNESS=test-nginx: its dependencies from Debian, itself from CPAN
+# (cpanm needs to reach CPAN; where it cannot, use a checkout with TEST_NGINX_LIB instead).
+# (Two targets: apt_ensure ends its recipe with exit.)
+deps-test-nginx-apt:
+	@$(call apt_ensure,$(APT_TEST_NGINX))
+deps-test-nginx: deps-test-nginx-apt
+	if [ -z "$(TEST_NGINX_LIB)" ] && ! perl -MTest::Nginx::Socket -e1 2>/dev/null; then
+	  echo "==> cpanm Test::Nginx"
+	  cpanm --notest --quiet Test::Nginx
+	fi
 
 # ---------------------------------------------------------------------------------------------
 # vendored build: nginx 1.28.3 from the nginx-src crate, compiled by nginx-sys's build script.
@@ -290,7 +323,7 @@ test-valgrind: deps-test
 test-vendored:
 	[ -x $(NGINX) ] && [ -f $(MODULE) ] || { echo "error: run make build first" >&2; exit 1; }
 	echo "==> prove $(PROVE_FLAGS) t   (nginx: $(NGINX))"
-	TEST_NGINX_BINARY=$(NGINX) TEST_NGINX_MODULE=$(MODULE) TEST_NGINX_FLAVOR=vendored \
+	TEST_NGINX_BINARY=$(NGINX) TEST_NGINX_MODULE=$(MODULE) TEST_NGINX_FLAVOR=vendored $(HARNESS_ENV) \
 	  $(PROVE) $(PROVE_FLAGS) t
 
 test-system: deps-test
@@ -298,9 +331,41 @@ test-system: deps-test
 	echo "==> prove $(PROVE_FLAGS) $(SYSTEM_SUITES)   (nginx: $(SYS_NGINX) + lua)"
 	TEST_NGINX_BINARY=$(SYS_NGINX) TEST_NGINX_MODULE=$(SYS_MODULE) TEST_NGINX_FLAVOR=system \
 	TEST_NGINX_SERVROOT_BASE=$${TEST_NGINX_SERVROOT_BASE:-$(ROOT)/t/servroot-system} \
-	TEST_NGINX_LOAD_LUA=1 \
+	TEST_NGINX_LOAD_LUA=1 $(HARNESS_ENV) \
 	TEST_NGINX_LOAD_MODULES="$(SYS_MODDIR)/ndk_http_module.so $(SYS_MODDIR)/ngx_http_lua_module.so" \
 	  $(PROVE) $(PROVE_FLAGS) $(SYSTEM_SUITES)
+
+# ---------------------------------------------------------------------------------------------
+# Docker (BuildKit: Docker 20.10 with DOCKER_BUILDKIT=1, or any current engine). The client is
+# Debian's /usr/bin/docker when present: a newer client without the buildx plugin cannot use
+# BuildKit. --network host: a daemon started by docker/dockerd.sh has no bridge.
+# CA_BUNDLE: a PEM bundle of extra CA certificates to trust while fetching crates (a
+# TLS-inspecting proxy); passed as the build secret ca_bundle, never stored in the image.
+
+DOCKER       ?= $(shell [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker)
+IMAGE        ?= ngx-ratelimit
+# The test target's image: IMAGE's name with the tag "test".
+TEST_IMAGE   ?= $(firstword $(subst :, ,$(IMAGE))):test
+CA_BUNDLE    ?=
+comma        := ,
+DOCKER_BUILD  = DOCKER_BUILDKIT=1 $(DOCKER) build --progress=plain --network host \
+                $(if $(CA_BUNDLE),--secret id=ca_bundle$(comma)src=$(abspath $(CA_BUNDLE)))
+
+# The FROM images from Debian's packages, where no registry can be reached (docker/make-bases.sh).
+docker-bases: deps-docker
+	DOCKER=$(DOCKER) docker/make-bases.sh
+
+docker-build:
+	$(DOCKER_BUILD) -t $(IMAGE) .
+	$(DOCKER) image ls --format '==> {{.Repository}}:{{.Tag}} {{.Size}}' $(IMAGE)
+
+docker-smoke:
+	DOCKER=$(DOCKER) docker/smoke.sh $(IMAGE)
+
+# make test inside an image that had only Debian and Rust; TEST_HARNESS=test-nginx runs the
+# suites under Test::Nginx::Socket from CPAN.
+docker-test:
+	$(DOCKER_BUILD) --target test --build-arg TEST_HARNESS=$(TEST_HARNESS) -t $(TEST_IMAGE) .
 
 # ---------------------------------------------------------------------------------------------
 

@@ -39,6 +39,21 @@ pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
+/// The draft's `q;w` for a zone: `w` is whole seconds, so a window that is not a whole number of
+/// seconds is advertised over `w` = the window rounded up to a second, with the quota scaled to
+/// that `w` and rounded down (`window=500ms limit=5` is `q=10;w=1`, not `q=5;w=1`, which would
+/// read as half the real rate). Rounding down keeps the advertised rate at or below the real
+/// one, by less than one unit per `w`.
+pub fn policy_quota(limit: u64, window_ms: u64) -> (u64, u64) {
+    let w = ceil_secs(window_ms);
+    if window_ms % 1000 == 0 {
+        return (limit, w);
+    }
+    // u128: a limit up to 10^9 times a window up to a year in milliseconds overflows u64.
+    let q = u128::from(limit) * u128::from(w) * 1000 / u128::from(window_ms);
+    (u64::try_from(q).unwrap_or(u64::MAX), w)
+}
+
 /// Hands the headers for one decision to `emit`, in the order they are sent; stops at the first
 /// `None` from `emit` (the request's pool is exhausted) and returns it. `policies` are every zone
 /// of the location: in draft mode each gets a `RateLimit-Policy` field line (a list may span
@@ -66,11 +81,12 @@ pub fn format<'a>(
         }
         HeaderMode::Draft => {
             for p in policies {
-                let w = ceil_secs(p.window_ms);
-                if w == 0 {
+                if p.window_ms == 0 {
+                    // A balance: no window, only an operator refills it.
                     put("RateLimit-Policy", format_args!("\"{}\";q={}", p.zone, p.limit))?;
                 } else {
-                    put("RateLimit-Policy", format_args!("\"{}\";q={};w={w}", p.zone, p.limit))?;
+                    let (quota, w) = policy_quota(p.limit, p.window_ms);
+                    put("RateLimit-Policy", format_args!("\"{}\";q={quota};w={w}", p.zone))?;
                 }
             }
             put("RateLimit", format_args!("\"{}\";r={};t={reset}", q.zone, q.remaining))?;
@@ -174,6 +190,28 @@ mod tests {
     fn off_still_says_when_to_retry() {
         assert_eq!(format(HeaderMode::Off, &quota(false)), vec![]);
         assert_eq!(format(HeaderMode::Off, &quota(true)), vec![("Retry-After", "17".to_string())]);
+    }
+
+    #[test]
+    fn sub_second_and_fractional_windows_advertise_the_real_rate() {
+        // Whole seconds: as configured.
+        assert_eq!(policy_quota(100, 60_000), (100, 60));
+        assert_eq!(policy_quota(10, 1_000), (10, 1));
+        // 5 per 500 ms is 10 per second.
+        assert_eq!(policy_quota(5, 500), (10, 1));
+        // 3 per 1.5 s over 2 s is 4; 7 per 1.5 s over 2 s is 9.33, rounded down to 9.
+        assert_eq!(policy_quota(3, 1_500), (4, 2));
+        assert_eq!(policy_quota(7, 1_500), (9, 2));
+        // 1 per 300 ms over 1 s is 3.33: 3, never the 4 the zone would not grant in a second.
+        assert_eq!(policy_quota(1, 300), (3, 1));
+        // The largest limit over a year minus a millisecond does not overflow.
+        let year = 365 * 24 * 3600 * 1000;
+        assert_eq!(policy_quota(1_000_000_000, year - 1), (1_000_000_000, year / 1000));
+        let q = Quota { zone: "fast", limit: 5, window_ms: 500, ..quota(false) };
+        assert_eq!(
+            format(HeaderMode::Draft, &q)[0],
+            ("RateLimit-Policy", "\"fast\";q=10;w=1".to_string())
+        );
     }
 
     #[test]

@@ -3,14 +3,17 @@
 use lib 't/lib';
 use RLTest;
 
-# The plain-Perl helpers, before the blocks.
+# The plain-Perl helpers, before the blocks.  nginx()->port, not server_port():
+# under RLTEST_HARNESS=test-nginx, server_port() is Test::Nginx's server, the
+# one the blocks below use.
 start_nginx(workers => 2, config => '        location /t { add_header X-Port $server_port; }');
-my $r = http_request(port => server_port(), request => 'GET /t', keepalive => 1);
+my $port = nginx()->port;
+my $r = http_request(port => $port, request => 'GET /t', keepalive => 1);
 my $r2 = http_request(sock => $r->{sock}, request => 'GET /t');
 is("$r->{status} $r2->{status}", '200 200', 'keep-alive: two requests on one connection');
-my @p = http_pipelined(server_port(), ['GET /t', 'GET /missing', 'HEAD /t']);
+my @p = http_pipelined($port, ['GET /t', 'GET /missing', 'HEAD /t']);
 is(join(' ', map { $_->{status} } @p), '200 404 200', 'HTTP pipelining, answers in order');
-my $res = http_parallel([map { { port => server_port(), request => 'GET /t' } } 1 .. 300]);
+my $res = http_parallel([map { { port => $port, request => 'GET /t' } } 1 .. 300]);
 is(scalar(grep { $_->{status} == 200 } @$res), 300, '300 parallel requests');
 my @old = nginx()->worker_pids;
 is(scalar @old, 2, 'two workers');
@@ -25,6 +28,9 @@ like($out, qr/unknown directive "no_such_directive" in \S+nginx\.conf:$line\b/, 
 run_tests();
 
 __DATA__
+
+
+
 
 === TEST 1: static file, headers, body
 --- config
@@ -53,13 +59,27 @@ ok
 --- response_headers eval
 ["X-Arg: 1", "X-Arg: 2", "!X-Arg"]
 --- response_body_like eval
-[qr/^ok$/m, qr/^ok$/m, qr/404 Not Found/]
+["^ok\$", "^ok\$", "404 Not Found"]
+--- rl_error_log eval
+[qr/open\(\) ".*missing" failed/]
+
+
+
+=== TEST 3: error_log is checked against what each request logged
+--- config
+    location /missing { }
+--- request eval
+["GET /missing/a", "GET /missing/b"]
+--- error_code eval
+[404, 404]
 --- error_log eval
-qr/open\(\) ".*missing" failed/
+qr/open\(\) ".*missing\/[ab]" failed/
+--- no_error_log
+[alert]
 
 
 
-=== TEST 3: more_headers, variables, user_files
+=== TEST 4: more_headers, variables, user_files
 --- config
     location /echo { add_header X-Echo "$http_x_foo:$server_port" always; return 204; }
     location /f { }
@@ -75,19 +95,19 @@ X-Foo: bar
 --- response_headers eval
 ["X-Echo: bar:$ENV{TEST_NGINX_SERVER_PORT}", undef]
 --- response_body eval
-[undef, "hello $ENV{TEST_NGINX_SERVER_PORT}\n"]
+["", "hello $ENV{TEST_NGINX_SERVER_PORT}\n"]
 
 
 
-=== TEST 4: redis setup and checks
---- redis
+=== TEST 5: redis setup and checks
+--- rl_redis_setup
 SET foo bar
 RPUSH "list with space" a b
 --- config
     location /t { }
 --- request
 GET /t
---- redis_check
+--- rl_redis_check
 GET foo => bar
 LRANGE "list with space" 0 -1 => a b
 EXISTS nope => 0
@@ -97,17 +117,17 @@ INCR foo =~ ^ERR:.*not an integer
 
 
 
-=== TEST 5: redis is flushed between blocks
+=== TEST 6: redis is flushed between blocks
 --- config
     location /t { }
 --- request
 GET /t
---- redis_check
+--- rl_redis_check
 DBSIZE => 0
 
 
 
-=== TEST 6: nginx -t failures
+=== TEST 7: nginx -t failures
 --- http_config
     limit_req_zone $binary_remote_addr zone=one:10m rate=abc;
 --- config
@@ -117,7 +137,7 @@ DBSIZE => 0
 
 
 
-=== TEST 7: access log and log_level
+=== TEST 8: access log and log_level
 --- http_config
     log_format t '$status $arg_x';
 --- config
@@ -133,8 +153,8 @@ GET /t?x=abc
 
 
 
-=== TEST 8: two workers and a POST body
---- workers: 2
+=== TEST 9: two workers and a POST body
+--- rl_workers: 2
 --- config
     location /t { }
 --- request
@@ -144,19 +164,19 @@ hello
 
 
 
-=== TEST 9: init code runs after nginx is up
+=== TEST 10: init code runs after nginx is up
 --- config
     location /t { }
 --- init
 main::redis_cmd('SET', 'from-init', main::server_port());
 --- request
 GET /t
---- redis_check
+--- rl_redis_check
 GET from-init => $TEST_NGINX_SERVER_PORT
 
 
 
-=== TEST 10: main_config, and a request that is given up on
+=== TEST 11: main_config, and a request that is given up on
 --- main_config
 worker_rlimit_nofile 4096;
 --- config
@@ -168,3 +188,4 @@ worker_rlimit_nofile 4096;
 GET /slow
 --- timeout: 0.3
 --- abort
+--- ignore_response

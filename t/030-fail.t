@@ -7,6 +7,9 @@ run_tests();
 
 __DATA__
 
+
+
+
 === TEST 1: Redis down, fail open
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_DEAD_PORT timeout=500ms;
@@ -19,7 +22,7 @@ __DATA__
 [200, 200, 200]
 --- response_headers eval
 ["X-RL: FAILED_OPEN\n!Retry-After", "X-RL: FAILED_OPEN", "X-RL: FAILED_OPEN"]
---- error_log eval
+--- rl_error_log eval
 qr/\[error\] .*ratelimit: .*(refused|connect)/i
 
 
@@ -34,9 +37,10 @@ qr/\[error\] .*ratelimit: .*(refused|connect)/i
 ["GET /t?k=a", "GET /t?k=a"]
 --- error_code eval
 [503, 503]
---- response_headers
-X-RL: FAILED_CLOSED
---- error_log eval
+--- response_headers eval
+["X-RL: FAILED_CLOSED\n",
+ "X-RL: FAILED_CLOSED\n"]
+--- rl_error_log eval
 qr/\[error\] .*ratelimit: .*(refused|connect)/i
 
 
@@ -68,7 +72,7 @@ X-RL: SKIPPED
 
 
 === TEST 5: Redis answers an error (WRONGTYPE), fail open
---- redis
+--- rl_redis_setup
 SET rl:api:a not-a-sorted-set
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
@@ -81,16 +85,16 @@ SET rl:api:a not-a-sorted-set
 [200, 200, 200, 429]
 --- response_headers eval
 ["X-RL: FAILED_OPEN", "X-RL: FAILED_OPEN", "X-RL: PASSED", "X-RL: REJECTED"]
---- redis_check
+--- rl_redis_check
 GET rl:api:a => not-a-sorted-set
 ZCARD rl:api:b => 1
---- error_log eval
+--- rl_error_log eval
 qr/\[error\] .*ratelimit: redis replied WRONGTYPE: one of the keys "rl:api:a" holds other data, request passed by ratelimit_fail/
 
 
 
 === TEST 6: Redis answers an error, fail closed
---- redis
+--- rl_redis_setup
 SET rl:api:a not-a-sorted-set
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
@@ -103,7 +107,7 @@ SET rl:api:a not-a-sorted-set
 [503, 200]
 --- response_headers eval
 ["X-RL: FAILED_CLOSED", "X-RL: PASSED"]
---- error_log eval
+--- rl_error_log eval
 qr/\[error\] .*ratelimit: .*WRONGTYPE/
 
 

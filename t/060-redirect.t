@@ -22,7 +22,7 @@ __DATA__
 [200, 200, 200]
 --- response_headers eval
 ["RateLimit-Remaining: 4", "RateLimit-Remaining: 3", "RateLimit-Remaining: 2"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 3
 
 
@@ -39,7 +39,7 @@ ZCARD rl:api:a => 3
 ["GET /missing?k=a", "GET /missing?k=a"]
 --- error_code eval
 [200, 200]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 
 
@@ -58,7 +58,7 @@ ZCARD rl:api:a => 2
 ["GET /a?k=a", "GET /b?k=a", "GET /a?k=a"]
 --- error_code eval
 [200, 200, 200]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 3
 
 
@@ -75,7 +75,7 @@ ZCARD rl:api:a => 3
 ["GET /r?k=a", "GET /r?k=a"]
 --- error_code eval
 [200, 200]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 
 
@@ -96,7 +96,7 @@ index
 [200, 200]
 --- response_body eval
 ["index\n", "index\n"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 
 
@@ -120,7 +120,7 @@ ZCARD rl:api:a => 2
 [200, 200]
 --- response_body eval
 ["ok\n\nok\n\nok\n\n", "ok\n\nok\n\nok\n\n"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 
 
@@ -138,7 +138,7 @@ ZCARD rl:api:a => 2
 --- error_code eval
 [200, 200]
 --- wait: 0.2
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 
 
@@ -155,8 +155,8 @@ ZCARD rl:api:a => 2
 --- request eval
 ["GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
 --- error_code eval
-[200, undef, undef]
---- redis_check
+[200, 200, 200]
+--- rl_redis_check
 ZCARD rl:api:a => 1
 
 
@@ -174,7 +174,7 @@ ZCARD rl:api:a => 1
 ["GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
 --- error_code eval
 [200, 429, 429]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 1
 
 
@@ -195,5 +195,5 @@ GET /ssi.html
 --- error_code: 200
 --- response_body eval
 "ok\n\nok\n\n"
---- redis_check
+--- rl_redis_check
 DBSIZE => 0

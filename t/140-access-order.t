@@ -21,7 +21,7 @@ __DATA__
 ["GET /t?k=a", "GET /t?k=a"]
 --- error_code eval
 [403, 429]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 1
 
 
@@ -45,7 +45,7 @@ user:{PLAIN}pass
 ["", "Authorization: Basic dXNlcjpwYXNz"]
 --- error_code eval
 [401, 200]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 
 
@@ -78,7 +78,7 @@ ZCARD rl:api:a => 2
 
 
 === TEST 5: auth_request runs after the limiter; its subrequest is not counted
---- skip_eval: !main::nginx_has('http_auth_request_module')
+--- skip_eval: 1: !main::nginx_has('http_auth_request_module')
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=5 window=10s clock=nginx;
@@ -92,13 +92,13 @@ ZCARD rl:api:a => 2
 ["GET /t?k=a", "GET /t?k=a", "GET /u?k=a"]
 --- error_code eval
 [200, 200, 403]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 3
 
 
 
 === TEST 6: a postponed access_by_lua runs after the limiter and sees its decision
---- skip_eval: !main::nginx_has('ngx_http_lua_module')
+--- skip_eval: 1: !main::nginx_has('ngx_http_lua_module')
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
@@ -116,13 +116,13 @@ ZCARD rl:api:a => 3
 [403, 429, 200]
 --- response_headers eval
 ["X-Lua-Saw: PASSED", "!X-Lua-Saw", "X-Lua-Saw: PASSED"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 1
 
 
 
 === TEST 7: access_by_lua_no_postpone: the limiter still runs first, so a lua refusal counts
---- skip_eval: !main::nginx_has('ngx_http_lua_module')
+--- skip_eval: 1: !main::nginx_has('ngx_http_lua_module')
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
@@ -138,5 +138,5 @@ ZCARD rl:api:a => 1
 ["GET /t?k=a&deny=1", "GET /t?k=a", "GET /t?k=a"]
 --- error_code eval
 [403, 429, 429]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 1

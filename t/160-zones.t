@@ -7,6 +7,9 @@ run_tests();
 
 __DATA__
 
+
+
+
 === TEST 1: a rejection by one zone uses up none of the others
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
@@ -25,11 +28,11 @@ __DATA__
 --- response_headers eval
 ["X-RL: PASSED per_key 1", "X-RL: PASSED per_key 0", "X-RL: REJECTED per_key 0",
  "X-RL: REJECTED_CACHED per_key 0", "X-RL: PASSED per_key 1"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:per_ip:127.0.0.1 => 3
 ZCARD rl:per_key:a => 2
 ZCARD rl:per_key:b => 1
---- error_log
+--- rl_error_log
 limiting requests by zone "per_key", limit 2 per 10000ms
 
 
@@ -45,11 +48,12 @@ limiting requests by zone "per_key", limit 2 per 10000ms
         ratelimit minute;
         add_header X-Zone $ratelimit_zone always;
     }
---- redis
+--- rl_redis_setup
 ZADD rl:hour:a 1 x1 2 x2 3 x3
 --- request eval
 ["GET /t?k=a", "GET /t?k=b"]
---- error_code: 200
+--- error_code eval
+[200, 200]
 --- response_headers eval
 ["X-Zone: minute\nRateLimit-Limit: 5\nRateLimit-Remaining: 4",
  "X-Zone: minute\nRateLimit-Limit: 5\nRateLimit-Remaining: 4"]
@@ -74,11 +78,10 @@ ZADD rl:hour:a 1 x1 2 x2 3 x3
 ["GET /t?k=a", "GET /t?k=a"]
 --- error_code eval
 [200, 429]
---- response_headers eval
-["X-Zone: short", "X-Zone: long\nRateLimit-Limit: 1\nRateLimit-Remaining: 0"]
 --- response_headers_like eval
-[undef, "Retry-After: ^(49|50)\$"]
---- redis_check
+["X-Zone: short",
+ "X-Zone: long\nRateLimit-Limit: 1\nRateLimit-Remaining: 0\nRetry-After: (49|50)"]
+--- rl_redis_check
 ZCARD rl:short:a => 1
 ZCARD rl:long:a => 1
 ZCARD rl:wide:a => 1
@@ -120,8 +123,9 @@ RateLimit: "per_ip";r=9;t=1
     location /api { ratelimit off; }
 --- request eval
 ["GET /t?k=x", "GET /u?k=y", "GET /api?k=z"]
---- error_code: 200
---- redis_check
+--- error_code eval
+[200, 200, 200]
+--- rl_redis_check
 ZCARD rl:a:x => 1
 ZCARD rl:b:x => 1
 ZCARD rl:c:x => 0
@@ -149,7 +153,7 @@ DBSIZE => 3
 [200, 429]
 --- response_headers eval
 ["X-Zone: per_ip", "X-Zone: per_ip"]
---- redis_check
+--- rl_redis_check
 DBSIZE => 1
 
 
@@ -174,7 +178,7 @@ DBSIZE => 1
 [200, 200, 429]
 --- response_headers eval
 ["X-Zone: PASSED gcra", "X-Zone: PASSED gcra", "X-Zone: REJECTED gcra"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:log:a => 2
 STRLEN rl:counter:a => 9
 TYPE rl:gcra:a => string

@@ -20,12 +20,12 @@ __DATA__
  "GET /admin?key=a", "GET /t?k=a", "POST /admin?key=a&set=0", "GET /t?k=a"]
 --- error_code eval
 [200, 200, 200, 200, 200, 200, 200, 402]
---- response_body eval
-["{\"balance\":0}\n", "{\"balance\":2}\n", "ok\n", "{\"balance\":6}\n", "{\"balance\":6}\n",
- "ok\n", "{\"balance\":0}\n", undef]
+--- response_body_like eval
+["^\\{\"balance\":0\\}\$", "^\\{\"balance\":2\\}\$", "^ok\$", "^\\{\"balance\":6\\}\$",
+ "^\\{\"balance\":6\\}\$", "^ok\$", "^\\{\"balance\":0\\}\$", "402 Payment Required"]
 --- response_headers eval
 ["Content-Type: application/json", undef, "X-Left: 1", undef, undef, "X-Left: 5", undef, undef]
---- redis_check
+--- rl_redis_check
 GET rl:credits:a => 0
 
 
@@ -39,9 +39,12 @@ GET rl:credits:a => 0
 --- request eval
 ["GET /admin", "GET /admin?key=a&set=-1", "GET /admin?key=a&add=x", "GET /admin?key=a&set=1&add=1",
  "GET /admin?key=a&set=1000000001"]
---- error_code: 400
---- response_body_like: ^\{"error":"key= is required
---- redis_check
+--- error_code eval
+[400, 400, 400, 400, 400]
+--- response_body_like eval
+["^\\{\"error\":\"key= is required", "^\\{\"error\":", "^\\{\"error\":", "^\\{\"error\":",
+ "^\\{\"error\":"]
+--- rl_redis_check
 EXISTS rl:credits:a => 0
 
 
@@ -55,7 +58,7 @@ EXISTS rl:credits:a => 0
 --- request
 GET /admin?key=a&set=5
 --- error_code: 403
---- redis_check
+--- rl_redis_check
 EXISTS rl:credits:a => 0
 --- error_log
 access forbidden by rule
@@ -74,7 +77,7 @@ access forbidden by rule
 [502, 200]
 --- response_body_like eval
 ["^\\{\"error\":\"redis ", "ok"]
---- error_log
+--- rl_error_log
 connect failed
 
 

@@ -17,17 +17,18 @@ __DATA__
     location /t { ratelimit api; add_header X-RL $ratelimit_status always; }
 --- request eval
 ["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
---- error_code: 200
+--- error_code eval
+[200, 200, 200, 200, 200]
 --- response_headers eval
 ["X-RL: PASSED\n!RateLimit-Limit", "X-RL: PASSED\n!RateLimit-Limit",
  "X-RL: REJECTED_DRY_RUN\n!RateLimit-Limit\n!Retry-After",
  "X-RL: REJECTED_DRY_RUN\n!RateLimit-Limit\n!Retry-After",
  "X-RL: REJECTED_DRY_RUN\n!RateLimit-Limit\n!Retry-After"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
---- error_log eval
+--- rl_error_log eval
 [qr/\[error\] .*ratelimit: limiting requests, dry run, by zone "api", limit 2 per 10000ms/]
---- no_error_log
+--- rl_no_error_log
 limiting requests by zone
 
 
@@ -48,7 +49,7 @@ first request without dry run is answered from it.
 --- response_headers eval
 ["X-RL: PASSED", "X-RL: PASSED", "X-RL: REJECTED_DRY_RUN", "X-RL: REJECTED_CACHED",
  "X-RL: PASSED", "X-RL: PASSED", "X-RL: REJECTED"]
---- redis_check
+--- rl_redis_check
 ZCARD rl:api:a => 2
 ZCARD rl:api:b => 2
 
@@ -67,7 +68,8 @@ ZCARD rl:api:b => 2
     }
 --- request eval
 ["GET /t?k=a", "GET /t?k=a"]
---- error_code: 200
+--- error_code eval
+[200, 200]
 --- response_headers eval
 ["X-RL: PASSED\nRateLimit-Limit: 1\nRateLimit-Remaining: 0",
  "X-RL: REJECTED_DRY_RUN\nRateLimit-Limit: 1\nRateLimit-Remaining: 0\n!Retry-After"]
@@ -88,7 +90,7 @@ ZCARD rl:api:b => 2
 --- response_headers eval
 ["X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED_CACHED", "X-RL: REJECTED_DRY_RUN",
  "X-RL: REJECTED_DRY_RUN"]
---- access_log eval
+--- rl_access_log eval
 [qr/GET \/u\?k=a/]
 
 
@@ -104,7 +106,7 @@ GET /t?k=a
 --- error_code: 200
 --- response_headers
 X-RL: REJECTED_DRY_RUN
---- redis_check
+--- rl_redis_check
 DBSIZE => 0
 --- error_log
 request let through, dry run

@@ -28,13 +28,32 @@ our @EXPORT = qw(
     free_port done_testing note explain subtest
 );
 
+# RLTEST_HARNESS=test-nginx: files with blocks run them under the real
+# Test::Nginx::Socket (RLTest/TestNginx.pm); files without run as always.
+sub bridged {
+    return 0 unless ($ENV{RLTEST_HARNESS} // 'rltest') eq 'test-nginx';
+    open my $fh, '<', $0 or return 0;
+    local $/;
+    return <$fh> =~ /^__DATA__$/m ? 1 : 0;
+}
+
 sub import {
     my $caller = caller;
-    # Test::Base supplies plan/blocks/filters and Test::More's functions to
-    # the test file, which is also where it finds __DATA__.
-    eval "package $caller; use Test::Base; 1" or die $@;
+    my %theirs;
+    if (bridged()) {
+        require RLTest::TestNginx;
+        %theirs = map { $_ => 1 } RLTest::TestNginx::load_into($caller);
+    } else {
+        die "RLTEST_HARNESS must be rltest or test-nginx\n"
+            if ($ENV{RLTEST_HARNESS} // 'rltest') !~ /^(rltest|test-nginx)$/;
+        # Test::Base supplies plan/blocks/filters and Test::More's functions
+        # to the test file, which is also where it finds __DATA__.
+        eval "package $caller; use Test::Base; 1" or die $@;
+    }
     no strict 'refs';
-    *{"${caller}::$_"} = \&{"RLTest::$_"} for @EXPORT;
+    no warnings qw(redefine prototype);
+    *{"${caller}::$_"} = \&{"RLTest::$_"} for grep { !$theirs{$_} } @EXPORT;
+    *{"${caller}::run_tests"} = \&RLTest::TestNginx::run_tests if %theirs;
 }
 
 my ($servroot, $redis, %nginx, $repeat, $default_workers, $default_log_level);
@@ -177,9 +196,64 @@ sub check_no_alerts {
         or Test::More::diag(join "\n", @bad[0 .. ($#bad < 9 ? $#bad : 9)]);
 }
 
+# Sections.  Those Test::Nginx::Socket also has mean what they mean there
+# (t/README.md lists where that matters); this harness's own all start with
+# rl_, so none can be taken for one of Test::Nginx's.  Any other name fails
+# the block: Test::Nginx would ignore it, and with it an assertion.
+my %SHARED = map { $_ => 1 } qw(main_config http_config config log_level user_files
+    request more_headers timeout abort error_code error_code_like
+    response_headers response_headers_like response_body response_body_like
+    error_log no_error_log access_log wait init must_die skip_eval ignore_response
+    ONLY SKIP LAST);
+my %OWN = map { $_ => 1 } qw(rl_redis_setup rl_redis_check rl_workers
+    rl_error_log rl_no_error_log rl_access_log);
+# The names these sections had before (t/rename-sections.pl converts a file).
+my %RENAMED = (redis => 'rl_redis_setup', redis_check => 'rl_redis_check',
+    workers => 'rl_workers');
+my %FOREIGN = (skip_nginx => "Test::Nginx's skip_nginx compares nginx versions "
+    . "('N: < 1.21.1'); use skip_eval");
+# Test::Nginx checks only the first section of each pair (an if/elsif).
+my @EXCLUSIVE = (['error_code_like', 'error_code'],
+    ['response_headers', 'response_headers_like'],
+    ['response_body', 'response_body_like']);
+
+sub check_sections {
+    my ($block) = @_;
+    my @err;
+    for my $s (@{ $block->{_section_order}[0] || [] }) {
+        next if $SHARED{$s} || $OWN{$s};
+        push @err, $RENAMED{$s} ? "section '$s' is now '$RENAMED{$s}'"
+            : $FOREIGN{$s} ? "section '$s': $FOREIGN{$s}"
+            : "unknown section '$s'";
+    }
+    for (@EXCLUSIVE) {
+        my ($first, $second) = @$_;
+        push @err, "'$first' and '$second' in one block: Test::Nginx checks only '$first'"
+            if exists $block->{$first} && exists $block->{$second};
+    }
+    die join('; ', @err) . "\n" if @err;
+}
+
+# The file's blocks, each checked for sections before anything runs.
+sub checked_blocks {
+    my @blocks = Test::Base::blocks();
+    for my $block (@blocks) {
+        eval { check_sections($block); 1 }
+            or die $block->name . ": $@";
+    }
+    return @blocks;
+}
+
+# error_log and no_error_log are checked, as in Test::Nginx, after every
+# request against what that request logged; check_accum_error_log() (before
+# run_tests) makes each check see the block's whole log so far instead.
+my $accum_error_log;
+sub check_accum_error_log { $accum_error_log = 1 }
+push @EXPORT, 'check_accum_error_log';
+
 sub run_tests {
     setup();
-    my @blocks = Test::Base::blocks();
+    my @blocks = checked_blocks();
     for my $block (@blocks) {
         for my $r (1 .. repeat_each()) {
             my $fails = grep { !$_ } Test::More->builder->summary;
@@ -196,27 +270,49 @@ sub run_tests {
     Test::More::done_testing() unless Test::More->builder->has_plan;
 }
 
-# Section value(s): undef when absent; a list (one per request) when the
-# section was an eval'ed array, else the scalar.
+# Section value: undef when absent; an array when the section was eval'ed to one.
 sub section {
     my ($block, $name) = @_;
     return undef unless exists $block->{$name};
-    my $v = $block->$name;
-    return $v;
+    return $block->$name;
 }
 
-sub per_request {
-    my ($v, $i) = @_;
-    return ref $v eq 'ARRAY' ? $v->[$i] : $v;
+# Test::Nginx's rule for expectations: with several requests, a section is
+# an array with one value per request; with one, a scalar (or a 1-array).
+sub expected {
+    my ($block, $name, $i, $n) = @_;
+    my $v = section($block, $name);
+    return undef unless defined $v;
+    if ($n > 1) {
+        die "'$name' must be an array with one value per request ($n requests), "
+            . "as Test::Nginx requires\n" unless ref $v eq 'ARRAY';
+        return $v->[$i];
+    }
+    return ref $v eq 'ARRAY' ? $v->[0] : $v;
 }
 
-sub expand { nginx()->expand($_[0]) }
+# $TEST_NGINX_* in this harness's own sections and in the config: the default
+# instance's port and prefix win (RLTest::TestNginx sets its own expander).
+our $expander = sub { nginx()->expand($_[0]) };
+sub expand { $expander->($_[0]) }
 
+# Patterns of error_log-like sections: lines of a scalar (not expanded, as in
+# Test::Nginx; use eval and %ENV for variables), or an eval'ed list/regex.
+sub patterns {
+    my ($v) = @_;
+    return () unless defined $v;
+    return grep { defined } @$v if ref $v eq 'ARRAY';
+    return $v if ref $v eq 'Regexp';
+    chomp $v;
+    return grep { length } split /\n+/, $v;
+}
+
+# Lines of this harness's own sections, with $TEST_NGINX_* expanded.
 sub lines {
     my ($v) = @_;
     return () unless defined $v;
     return map { ref $_ ? $_ : expand($_) } @$v if ref $v eq 'ARRAY';
-    return $v if ref $v eq 'Regexp';
+    return $v if ref $v eq "Regexp";
     return grep { /\S/ } map { s/^\s+|\s+$//gr } split /\n/, expand($v);
 }
 
@@ -225,29 +321,44 @@ sub find_in_text {
     return ref $pat eq 'Regexp' ? scalar($text =~ $pat) : index($text, $pat) >= 0;
 }
 
+# Test::Nginx's time values: "2", "1.5s", "500ms".
+sub parse_time {
+    my ($t) = @_;
+    return undef unless defined $t;
+    $t =~ s/^\s+|\s+$//g;
+    return $t =~ /^(.*?)ms$/ ? $1 / 1000 : $t =~ /^(.*?)s$/ ? $1 + 0 : $t + 0;
+}
+
+# A level in an expected error_log pattern is allowed in the final alert check.
+sub allowed_levels {
+    my ($block) = @_;
+    my %allow;
+    for my $pat (patterns(section($block, 'error_log')), lines(section($block, 'rl_error_log'))) {
+        $allow{$1} = 1 if "$pat" =~ /\[\\?(alert|crit|emerg)/;
+    }
+    return %allow;
+}
+
 sub run_block {
     my ($block, $round) = @_;
     my $name = $block->name . ($round > 1 ? " (repeat $round)" : '');
-    if (exists $block->{skip_nginx}) {
-        Test::More::note("$name skipped: " . ($block->skip_nginx // ''));
-        return;
-    }
-    # Test::Nginx's form "N: expr"; the count is not needed with done_testing.
+    # Test::Nginx's form "N: expr" (N: the tests it stands for, not needed with done_testing).
     if (defined(my $cond = section($block, 'skip_eval'))) {
-        $cond =~ s/^\s*\d+\s*:\s*//;
+        $cond =~ s/^\s*\d+\s*:\s*//
+            or die "skip_eval must read 'N: expr', as Test::Nginx requires\n";
         my $skip = eval "package main; $cond";
         die "skip_eval: $@" if $@;
         if ($skip) { Test::More::note("$name skipped: $cond"); return }
     }
     $redis->reset;
-    for my $line (lines(section($block, 'redis'))) {
+    for my $line (lines(section($block, 'rl_redis_setup'))) {
         my $r = $redis->cmd(RLTest::Redis::split_command($line));
         Test::More::fail("$name - redis setup '$line': " . $r->message)
             if ref $r eq 'RLTest::Redis::Error';
     }
 
     my %conf = (
-        workers => $block->{workers} ? $block->workers : $default_workers,
+        workers => $block->{rl_workers} ? $block->rl_workers : $default_workers,
         log_level => $block->{log_level} ? $block->log_level : $default_log_level,
         map { exists $block->{$_} ? ($_ => $block->$_) : () }
             qw(main_config http_config config),
@@ -259,7 +370,7 @@ sub run_block {
     if (exists $block->{must_die}) {
         my ($rc, $out) = nginx_t(%conf);
         Test::More::ok($rc != 0, "$name - nginx -t fails") or Test::More::diag($out);
-        for my $pat (lines(section($block, 'error_log'))) {
+        for my $pat (patterns(section($block, 'error_log'))) {
             Test::More::ok(find_in_text($out, $pat), "$name - nginx -t says '$pat'")
                 or Test::More::diag($out);
         }
@@ -277,25 +388,31 @@ sub run_block {
 
     my $reqs = section($block, 'request');
     my @reqs = ref $reqs eq 'ARRAY' ? @$reqs : defined $reqs ? ($reqs) : ();
-    my $timeout = section($block, 'timeout');
-    $timeout = defined $timeout ? $timeout + 0 : 10;
+    my $timeout = parse_time(section($block, 'timeout')) // 10;
+    my $wait = parse_time(section($block, 'wait'));
     my $abort = exists $block->{abort};
+    my $more = section($block, 'more_headers');
+    my $log_pos = 0;
     for my $i (0 .. $#reqs) {
         my $tag = @reqs > 1 ? " (req $i)" : '';
-        my $req = expand($reqs[$i]);
+        my $req = $reqs[$i];
         $req =~ s/\s+\z//;
-        my $res = http_request(port => $n->port, request => $req,
-            headers => expand(per_request(section($block, 'more_headers'), $i)),
+        my $headers = ref $more eq 'ARRAY' ? $more->[$i] : $more;
+        die "more_headers has no entry for request $i, as Test::Nginx requires\n"
+            if ref $more eq 'ARRAY' && !defined $headers;
+        my $res = http_request(port => $n->port, request => $req, headers => $headers,
             $abort ? (abort_after => $timeout) : (timeout => $timeout));
-        next if $abort && $res->{aborted};
-        check_response($block, $res, $i, "$name$tag");
+        # Given up on: no response, which only ignore_response makes no failure.
+        $res = { status => '', headers => {}, body => '' } if $res->{aborted};
+        check_response($block, $res, $i, scalar @reqs, "$name$tag")
+            unless exists $block->{ignore_response};
+        sleep $wait if $wait;
+        $log_pos = check_request_logs($block, $n, $log_pos, "$name$tag");
     }
 
-    if (defined(my $w = section($block, 'wait'))) { sleep $w }
-
-    for my $line (lines(section($block, 'redis_check'))) {
+    for my $line (lines(section($block, 'rl_redis_check'))) {
         my ($cmd, $op, $want) = $line =~ /^(.*?)\s+(=>|=~)\s+(.*)$/
-            or do { Test::More::fail("$name - bad redis_check line '$line'"); next };
+            or do { Test::More::fail("$name - bad rl_redis_check line '$line'"); next };
         my $got = RLTest::Redis::format_reply($redis->cmd(RLTest::Redis::split_command($cmd)));
         if ($op eq '=>') { Test::More::is($got, $want, "$name - redis: $cmd") }
         else { Test::More::like($got, qr/$want/, "$name - redis: $cmd") }
@@ -305,21 +422,50 @@ sub run_block {
     my $stopped = $n->stop;
     Test::More::ok($stopped, "$name - nginx quits gracefully");
     my $log = $n->error_log_text;
-    my %allow;
-    for my $pat (lines(section($block, 'error_log'))) {
-        # A block that expects an alert-level line is not failed for it.
-        $allow{$1} = 1 if "$pat" =~ /\[\\?(alert|crit|emerg)\\?\]/;
-        Test::More::ok(find_in_text($log, $pat), "$name - error_log has '$pat'");
+    for my $pat (lines(section($block, 'rl_error_log'))) {
+        Test::More::ok(find_in_text($log, $pat), "$name - whole error.log has '$pat'");
     }
-    for my $pat (lines(section($block, 'no_error_log'))) {
-        Test::More::ok(!find_in_text($log, $pat), "$name - error_log lacks '$pat'");
+    for my $pat (lines(section($block, 'rl_no_error_log'))) {
+        Test::More::ok(!find_in_text($log, $pat), "$name - whole error.log lacks '$pat'");
     }
-    my $alog = $n->access_log_text;
-    for my $pat (lines(section($block, 'access_log'))) {
-        Test::More::ok(find_in_text($alog, $pat), "$name - access_log has '$pat'")
-            or Test::More::diag("access.log:\n$alog");
+    if (my @access = lines(section($block, 'rl_access_log'))) {
+        my $alog = $n->access_log_text;
+        for my $pat (@access) {
+            Test::More::ok(find_in_text($alog, $pat), "$name - whole access.log has '$pat'")
+                or Test::More::diag("access.log:\n$alog");
+        }
     }
-    check_no_alerts($log, $name, %allow);
+    check_no_alerts($log, $name, allowed_levels($block));
+}
+
+# After each request, as Test::Nginx does: error_log and no_error_log against
+# what was logged since the previous request (or everything, with
+# check_accum_error_log), access_log against the whole access log.  Returns
+# the new error.log position.
+sub check_request_logs {
+    my ($block, $n, $pos, $name) = @_;
+    my @want = patterns(section($block, 'error_log'));
+    my @unwanted = patterns(section($block, 'no_error_log'));
+    my @access = patterns(section($block, 'access_log'));
+    return $pos unless @want || @unwanted || @access;
+    # Lines of the log phase are written after the response has been sent.
+    sleep 0.05;
+    my $text = $n->error_log_text;
+    my $part = $accum_error_log ? $text : substr($text, $pos);
+    for my $pat (@want) {
+        Test::More::ok(find_in_text($part, $pat), "$name - error_log has '$pat'");
+    }
+    for my $pat (@unwanted) {
+        Test::More::ok(!find_in_text($part, $pat), "$name - error_log lacks '$pat'");
+    }
+    if (@access) {
+        my $alog = $n->access_log_text;
+        for my $pat (@access) {
+            Test::More::ok(find_in_text($alog, $pat), "$name - access_log has '$pat'")
+                or Test::More::diag("access.log:\n$alog");
+        }
+    }
+    return length $text;
 }
 
 # Test::Nginx's format: ">>> path" lines, each followed by its content.
@@ -335,36 +481,68 @@ sub write_user_files {
     $n->write_html({ map { $_ => expand($files{$_}) } keys %files });
 }
 
+# Test::Nginx::Socket's response checks: the status (200 when the block names
+# none), headers, body.
 sub check_response {
-    my ($block, $res, $i, $name) = @_;
+    my ($block, $res, $i, $n, $name) = @_;
     if ($res->{error}) {
         Test::More::fail("$name - response: $res->{error}");
         return;
     }
-    if (defined(my $code = per_request(section($block, 'error_code'), $i))) {
+    if (exists $block->{error_code_like}) {
+        my $re = expected($block, 'error_code_like', $i, $n);
+        die "undef in error_code_like for request $i\n" unless defined $re;
+        chomp $re;
+        Test::More::like($res->{status}, qr/$re/sm, "$name - status code ok");
+    } else {
+        my $code = exists $block->{error_code} ? expected($block, 'error_code', $i, $n) : 200;
+        die "undef in error_code for request $i: Test::Nginx would compare the status with "
+            . "undef and fail; use error_code_like\n" unless defined $code;
         chomp $code;
         Test::More::is($res->{status}, $code, "$name - status code ok");
     }
-    my $hdrs = per_request(section($block, 'response_headers'), $i);
-    for my $line (lines($hdrs)) {
-        if ($line =~ /^!\s*(\S+)$/) {
-            Test::More::ok(!defined header($res, $1), "$name - header $1 absent")
-                or Test::More::diag("$1: " . header($res, $1));
-        } elsif ($line =~ /^([^:\s]+)\s*:\s*(.*)$/) {
-            Test::More::is(header($res, $1), $2, "$name - header $1");
+    for my $line (header_lines(expected($block, 'response_headers', $i, $n))) {
+        my ($h, $v) = @$line;
+        if (!defined $v) {
+            Test::More::ok(!defined header($res, $h), "$name - header $h absent")
+                or Test::More::diag("$h: " . header($res, $h));
+        } else {
+            Test::More::is(header($res, $h) // '', $v, "$name - header $h");
         }
     }
-    for my $line (lines(per_request(section($block, 'response_headers_like'), $i))) {
-        my ($h, $re) = $line =~ /^([^:\s]+)\s*:\s*(.*)$/ or next;
-        Test::More::like(header($res, $h) // '', qr/$re/, "$name - header $h like");
+    for my $line (header_lines(expected($block, 'response_headers_like', $i, $n))) {
+        # "!Name" (no value), as in Test::Nginx: matches an absent or empty header.
+        my ($h, $re) = ($line->[0], $line->[1] // "");
+        Test::More::like(header($res, $h) // '', qr/^$re$/, "$name - header $h like");
     }
-    my $body = per_request(section($block, 'response_body'), $i);
-    Test::More::is($res->{body}, expand($body), "$name - response_body") if defined $body;
-    my $like = per_request(section($block, 'response_body_like'), $i);
+    if (exists $block->{response_body}) {
+        my $body = expected($block, 'response_body', $i, $n);
+        die "undef in response_body for request $i: Test::Nginx would compare the body with "
+            . "undef and fail\n" unless defined $body;
+        if (ref $body) { Test::More::like($res->{body}, $body, "$name - response_body") }
+        else { Test::More::is($res->{body}, expand($body), "$name - response_body") }
+    }
+    my $like = expected($block, 'response_body_like', $i, $n);
     if (defined $like) {
-        my $re = ref $like ? $like : do { chomp(my $s = expand($like)); qr/$s/s };
-        Test::More::like($res->{body}, $re, "$name - response_body_like");
+        chomp $like unless ref $like;
+        Test::More::like($res->{body}, qr/$like/s, "$name - response_body_like");
     }
+}
+
+# Test::Nginx's parse_headers: "Name: value" ([name, value]) and "!Name"
+# ([name, undef]: absent), one per line.
+sub header_lines {
+    my ($text) = @_;
+    return () unless defined $text;
+    my @out;
+    for (split /\n/, $text) {
+        s/^\s+|\s+$//g;
+        next unless length;
+        if (s/^!\s*//) { push @out, [$_, undef]; next }
+        my ($k, $v) = split /\s*:\s*/, $_, 2;
+        push @out, [$k, $v // ''];
+    }
+    return @out;
 }
 
 # A fake Redis for protocol faults (t/lib/RLTest/FakeRedis.pm), started on a
