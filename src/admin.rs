@@ -15,7 +15,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
-use crate::handler::{detach, submit};
+use crate::handler::{attach, detach, submit};
 use crate::key::Key;
 use crate::module::RateLimit;
 use crate::params::parse_cost;
@@ -89,11 +89,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     (*cln).handler = Some(cleanup);
     (*cln).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
-    c.waiter.ev = &mut c.ev;
-    c.ev.handler = Some(on_event);
-    // Timer code logs `ev->data` as a connection; the context is found with container_of.
-    c.ev.data = (*r).connection as *mut c_void;
-    c.ev.log = (*(*r).connection).log;
+    attach(&mut c.waiter, &mut c.ev, on_event, r);
     if !submit(mcf, &mut c.waiter, &c.args, false) {
         return finish(c);
     }

@@ -310,11 +310,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     (*anchor).handler = Some(cleanup);
     (*anchor).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
-    c.waiter.ev = &mut c.ev;
-    c.ev.handler = Some(on_event);
-    // Timer code logs `ev->data` as a connection; the context is found with container_of.
-    c.ev.data = (*r).connection as *mut c_void;
-    c.ev.log = (*(*r).connection).log;
+    attach(&mut c.waiter, &mut c.ev, on_event, r);
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
     Some(ctx)
 }
@@ -343,6 +339,21 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
     detach(&mut ctx.waiter, &mut ctx.ev);
+}
+
+/// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of
+/// request `r`'s decision fires, both running `handler`.
+pub unsafe fn attach(
+    waiter: &mut Waiter,
+    ev: &mut ngx_event_t,
+    handler: unsafe extern "C" fn(*mut ngx_event_t),
+    r: *mut ngx_http_request_t,
+) {
+    waiter.ev = ev;
+    ev.handler = Some(handler);
+    // Timer code logs `ev->data` as a connection; the context is found with container_of.
+    ev.data = (*r).connection as *mut c_void;
+    ev.log = (*(*r).connection).log;
 }
 
 /// Leaves the pool and the event loop: nothing will complete or wake this waiter any more.
