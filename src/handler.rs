@@ -194,23 +194,14 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
-    let Some(pool) = WorkerPool::get(mcf) else { return NGX_ERROR as ngx_int_t };
-    // The arguments live in the context, which outlives the pending decision.
-    let cmd = Command { args: NonNull::from(&ctx.args), reload: false };
-    match pool.submit(NonNull::from(&mut ctx.waiter), cmd) {
-        Ok(token) => {
-            ctx.waiter.token = Some(token);
-            ngx_add_timer(&mut ctx.ev, redis.timeout);
-            // Notice a client that goes away while it waits (499), as limit_req's delay does.
-            (*r).read_event_handler = Some(ngx_http_test_reading);
-            NGX_AGAIN as ngx_int_t
-        }
-        Err(e) => {
-            ctx.waiter.result = Some(Err(e));
-            decide(ctx, lcf, mcf);
-            apply(ctx, lcf, mcf)
-        }
+    if !submit(mcf, &mut ctx.waiter, &ctx.args, false) {
+        decide(ctx, lcf, mcf);
+        return apply(ctx, lcf, mcf);
     }
+    ngx_add_timer(&mut ctx.ev, redis.timeout);
+    // Notice a client that goes away while it waits (499), as limit_req's delay does.
+    (*r).read_event_handler = Some(ngx_http_test_reading);
+    NGX_AGAIN as ngx_int_t
 }
 
 /// The gateway's clock: `clock=nginx`'s now, and the time whose calendar period a quota's
@@ -423,14 +414,18 @@ unsafe fn resubmitted(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     submit(mcf, &mut ctx.waiter, &ctx.args, true)
 }
 
-/// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses.
+/// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses. The
+/// arguments must outlive the pending decision (they live beside the waiter, in its context).
 pub unsafe fn submit(
     mcf: &MainConf,
     waiter: &mut Waiter,
     args: &EncodedArgs,
     reload: bool,
 ) -> bool {
-    let Some(pool) = WorkerPool::get(mcf) else { return false };
+    let Some(pool) = WorkerPool::get(mcf) else {
+        waiter.result = Some(Err(RedisError::Unavailable));
+        return false;
+    };
     waiter.result = None;
     let cmd = Command { args: NonNull::from(args), reload };
     match pool.submit(NonNull::from(&mut *waiter), cmd) {
