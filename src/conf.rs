@@ -47,6 +47,15 @@ pub enum FailPolicy {
     Local,
 }
 
+/// An address of `ratelimit_redis` as written and as resolved at configuration time.
+pub struct SeedAddr {
+    /// Points into the configuration cycle's pool, which outlives every worker's use.
+    pub sockaddr: *mut sockaddr,
+    pub socklen: socklen_t,
+    pub name: String,
+    pub is_unix: bool,
+}
+
 pub struct RedisConf {
     /// Points into the configuration cycle's pool, which outlives every worker's use.
     pub sockaddr: *mut sockaddr,
@@ -54,6 +63,8 @@ pub struct RedisConf {
     /// The address as written, for log messages.
     pub name: String,
     pub is_unix: bool,
+    /// Every address given, the first included: a Cluster's seeds, or the sentinels.
+    pub seeds: Vec<SeedAddr>,
     pub pool_size: usize,
     pub timeout: ngx_msec_t,
     pub connect_timeout: ngx_msec_t,

@@ -15,7 +15,9 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
-use crate::conf::{Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, Zone};
+use crate::conf::{
+    Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, Zone,
+};
 use crate::headers::HeaderMode;
 use crate::metrics;
 use crate::module::RateLimit;
@@ -169,29 +171,25 @@ unsafe extern "C" fn cmd_redis(
         return IS_DUPLICATE;
     }
     let args = args(cf);
-    let mut url: ngx_url_t = core::mem::zeroed();
-    url.url = args[1];
-    url.default_port = 6379;
-    if ngx_parse_url((*cf).pool, &mut url) != 0 || url.naddrs == 0 {
-        let reason = if url.err.is_null() {
-            "host not found"
-        } else {
-            core::ffi::CStr::from_ptr(url.err).to_str().unwrap_or("invalid address")
-        };
-        let addr = text(&args[1]);
-        ngx_conf_log_error!(
-            NGX_LOG_EMERG,
-            cf,
-            "{reason} in \"{addr}\" of the \"ratelimit_redis\" directive"
-        );
-        return NGX_CONF_ERROR as _;
+    // Addresses first (seeds of a Cluster, sentinels), then `name=value` parameters.
+    let addrs = args[1..].iter().take_while(|a| split_param(text(a)).is_none()).count();
+    if addrs == 0 {
+        return invalid(cf, "parameter", text(&args[1]));
     }
-    let addr = &*url.addrs;
+    let mut seeds = Vec::with_capacity(addrs);
+    for arg in &args[1..=addrs] {
+        match parse_address(cf, arg) {
+            Some(seed) => seeds.push(seed),
+            None => return NGX_CONF_ERROR as _,
+        }
+    }
+    let first = &seeds[0];
     let mut redis = RedisConf {
-        sockaddr: addr.sockaddr,
-        socklen: addr.socklen,
-        name: text(&args[1]).to_owned(),
-        is_unix: url.family == AF_UNIX as i32,
+        sockaddr: first.sockaddr,
+        socklen: first.socklen,
+        name: first.name.clone(),
+        is_unix: first.is_unix,
+        seeds: Vec::new(),
         pool_size: 4,
         timeout: 200,
         connect_timeout: 0,
@@ -201,9 +199,10 @@ unsafe extern "C" fn cmd_redis(
         fail_threshold: 3,
         fail_backoff: 1000,
     };
+    redis.seeds = seeds;
     let mut connect_timeout = None;
     let (mut user, mut password) = (None, None);
-    for arg in &args[2..] {
+    for arg in &args[1 + addrs..] {
         let s = text(arg);
         let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
         let ok = match name {
@@ -255,6 +254,34 @@ unsafe extern "C" fn cmd_redis(
     redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);
     mcf.redis = Some(redis);
     NGX_CONF_OK
+}
+
+/// One address of `ratelimit_redis`, resolved now: the worker never waits for DNS.
+unsafe fn parse_address(cf: *mut ngx_conf_t, arg: &ngx_str_t) -> Option<SeedAddr> {
+    let mut url: ngx_url_t = core::mem::zeroed();
+    url.url = *arg;
+    url.default_port = 6379;
+    if ngx_parse_url((*cf).pool, &mut url) != 0 || url.naddrs == 0 {
+        let reason = if url.err.is_null() {
+            "host not found"
+        } else {
+            core::ffi::CStr::from_ptr(url.err).to_str().unwrap_or("invalid address")
+        };
+        let addr = text(arg);
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "{reason} in \"{addr}\" of the \"ratelimit_redis\" directive"
+        );
+        return None;
+    }
+    let addr = &*url.addrs;
+    Some(SeedAddr {
+        sockaddr: addr.sockaddr,
+        socklen: addr.socklen,
+        name: text(arg).to_owned(),
+        is_unix: url.family == AF_UNIX as i32,
+    })
 }
 
 unsafe extern "C" fn cmd_zone(

@@ -373,10 +373,7 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         // two can arrive in one event-loop iteration): either way the time is up.
         if ctx.waiter.result.is_none() || noscript(ctx) {
             if let Some(token) = ctx.waiter.token.take() {
-                WorkerPool::cancel(token);
-            }
-            if let Some(pool) = WorkerPool::get(mcf) {
-                pool.timed_out();
+                WorkerPool::timed_out(token);
             }
             ctx.waiter.result = Some(Err(RedisError::Timeout));
         }
@@ -427,7 +424,7 @@ pub unsafe fn submit(
         return false;
     };
     waiter.result = None;
-    let cmd = Command { args: NonNull::from(args), reload };
+    let cmd = Command::decision(args, reload);
     match pool.submit(NonNull::from(&mut *waiter), cmd) {
         Ok(token) => {
             waiter.token = Some(token);

@@ -21,7 +21,8 @@ use ngx::ffi::{
     ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
 
-use super::pool::{complete, Command, RedisError, Token, Waiter, WorkerPool};
+use super::node::NodePool;
+use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
 use super::resp;
 use crate::metrics::{Counter, Gauge};
 use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
@@ -57,7 +58,7 @@ struct Sent {
 }
 
 pub struct Conn {
-    pool: *mut WorkerPool,
+    pool: *mut NodePool,
     pc: ngx_peer_connection_t,
     /// A copy of the cycle log: a connection outlives the requests it serves and must never log
     /// through one of theirs.
@@ -93,15 +94,16 @@ impl Conn {
 
     /// Starts a non-blocking connect. Commands may be queued at once; they go out when the
     /// connection is writable.
-    pub fn connect(pool: *mut WorkerPool) -> Result<NonNull<Conn>, RedisError> {
+    pub fn connect(pool: *mut NodePool) -> Result<NonNull<Conn>, RedisError> {
         // SAFETY: `pool` is this worker's live pool; ngx_cycle is set in a worker.
         unsafe {
             let conf = (*pool).conf();
+            let name = &(*pool).addr.name;
             let mut conn = Box::new(Conn {
                 pool,
                 pc: core::mem::zeroed(),
                 log: *(*ngx_cycle).log,
-                name: ngx_str_t { len: conf.name.len(), data: conf.name.as_ptr() as *mut u8 },
+                name: ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 },
                 connected: false,
                 out: Vec::with_capacity(READ_CHUNK),
                 out_pos: 0,
@@ -119,8 +121,7 @@ impl Conn {
             }
             let this: *mut Conn = &mut *conn;
             let pc = &mut (*this).pc;
-            pc.sockaddr = conf.sockaddr;
-            pc.socklen = conf.socklen;
+            (pc.sockaddr, pc.socklen) = (*pool).addr.sockaddr();
             pc.name = &mut (*this).name;
             pc.get = Some(ngx_event_get_peer);
             pc.log = &mut (*this).log;
@@ -161,7 +162,7 @@ impl Conn {
                 });
                 ngx_add_timer((*c).read, conf.timeout);
             }
-            if !conf.is_unix {
+            if !(*pool).addr.is_unix {
                 // Small pipelined writes must not wait for Nagle and delayed ACKs.
                 ngx_tcp_nodelay(c);
             }
@@ -232,9 +233,10 @@ impl Conn {
         }
     }
 
-    /// Moves queued decisions into the output buffer while there is room on the wire, as
-    /// script calls of up to `MAX_BATCH_DECISIONS` decisions and `MAX_BATCH_BYTES` each, in
-    /// order. A batch only ever holds what was queued already: nothing waits for more.
+    /// Moves queued commands into the output buffer while there is room on the wire, in order:
+    /// decisions as script calls of up to `MAX_BATCH_DECISIONS` decisions and
+    /// `MAX_BATCH_BYTES` each, all of one Cluster slot; a raw command, or a decision after
+    /// `ASK`, alone. A batch only ever holds what was queued already: nothing waits for more.
     fn fill(&mut self) {
         if self.authenticating {
             return;
@@ -246,13 +248,28 @@ impl Conn {
         let metrics = unsafe { (*self.pool).metrics };
         let mut batch: Vec<&EncodedArgs> = Vec::new();
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
+            let Some(head) = self.queued.front().map(|q| q.cmd) else { break };
+            if let Payload::Raw(bytes) = head.payload {
+                // SAFETY: a queued command is pending, and its owner keeps its bytes meanwhile.
+                self.out.extend_from_slice(unsafe { bytes.as_ref() });
+                self.sent.push_back(Sent { at: now, decides: 1, written });
+                metrics.gauge(Gauge::InFlight, 1);
+                let q = self.queued.pop_front().expect("head");
+                self.in_flight.push_back((q.seq, Some(q.waiter)));
+                continue;
+            }
             let room = MAX_IN_FLIGHT - self.in_flight.len();
+            let most = if head.asking { 1 } else { room.min(MAX_BATCH_DECISIONS) };
             let (mut bytes, mut reload) = (0, false);
             batch.clear();
-            for q in self.queued.iter().take(room.min(MAX_BATCH_DECISIONS)) {
+            for q in self.queued.iter().take(most) {
+                let Payload::Decision(args) = q.cmd.payload else { break };
+                if !batch.is_empty() && (q.cmd.asking || q.cmd.slot != head.slot) {
+                    break;
+                }
                 // SAFETY: a queued decision is pending (a cancelled one left the queue), so
                 // its request and the arguments in its pool are alive.
-                let args = unsafe { q.cmd.args.as_ref() };
+                let args = unsafe { args.as_ref() };
                 bytes += args.wire_len();
                 if !batch.is_empty() && bytes > MAX_BATCH_BYTES {
                     break;
@@ -260,14 +277,16 @@ impl Conn {
                 batch.push(args);
                 reload |= q.cmd.reload;
             }
-            if batch.is_empty() {
-                break;
-            }
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
                 script::write_script_load(&mut self.out, script::script());
                 self.sent.push_back(Sent { at: now, decides: 0, written });
                 metrics.count(Counter::ScriptLoads);
+            }
+            if head.asking {
+                // Lets the importing node serve the next command only; its `+OK` is dropped.
+                self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                self.sent.push_back(Sent { at: now, decides: 0, written });
             }
             script::write_batch(&mut self.out, script::script(), &batch);
             self.sent.push_back(Sent { at: now, decides: batch.len(), written });
@@ -276,6 +295,14 @@ impl Conn {
                 self.in_flight.push_back((q.seq, Some(q.waiter)));
             }
         }
+    }
+
+    /// The node a pending waiter's command went to.
+    ///
+    /// # Safety
+    /// The token's waiter is pending, so its connection is alive.
+    pub unsafe fn node(token: Token) -> *mut NodePool {
+        (*token.conn.as_ptr()).pool
     }
 
     /// Writes queued decisions and as much of the output as the socket takes.

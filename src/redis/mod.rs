@@ -4,5 +4,9 @@ pub mod breaker;
 #[cfg(not(test))]
 mod conn;
 #[cfg(not(test))]
+mod node;
+#[cfg(not(test))]
 pub mod pool;
+#[cfg(not(test))]
+mod query;
 pub mod resp;

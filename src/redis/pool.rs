@@ -9,22 +9,14 @@
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use ngx::ffi::{
-    ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
-    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
-};
-use ngx::ngx_log_error;
+use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events};
 
-use super::breaker::{self, Admit, Breaker, Transition};
 use super::conn::{Conn, MAX_OUTSTANDING};
+use super::node::{Addr, NodePool};
 use super::resp::{ProtocolError, Reply};
 use crate::conf::{MainConf, RedisConf};
-use crate::metrics::{Counter, ErrorKind, Gauge, Metrics};
+use crate::metrics::{ErrorKind, Metrics};
 use crate::script::EncodedArgs;
-
-/// A new connection is opened only when every open one already carries this many decisions;
-/// below that, pipelining on few connections is cheaper for Redis and for the worker.
-const SPILL_AT: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisError {
@@ -44,7 +36,7 @@ pub enum RedisError {
 impl RedisError {
     /// For the metrics; `None` for what is not Redis failing: an open breaker (not asked) and
     /// error replies, which are counted by their class.
-    fn kind(&self) -> Option<ErrorKind> {
+    pub(super) fn kind(&self) -> Option<ErrorKind> {
         Some(match self {
             RedisError::Connect => ErrorKind::Refused,
             RedisError::Timeout => ErrorKind::Timeout,
@@ -83,13 +75,36 @@ pub struct Waiter {
     pub ev: *mut ngx_event_t,
 }
 
-/// What a decision sends. The arguments live in the request's pool: they are read only while
-/// the decision's waiter is pending, and a cancelled decision is never written.
+/// What a waiter sends. Its bytes are read only while the waiter is pending, and a cancelled
+/// command is never written.
+#[derive(Clone, Copy)]
+pub enum Payload {
+    /// One decision's share of a script call, in the request's pool.
+    Decision(NonNull<EncodedArgs>),
+    /// A command of its own, RESP-encoded, owned by the pool (`PING`, `CLUSTER SLOTS`, ...).
+    Raw(NonNull<[u8]>),
+}
+
 #[derive(Clone, Copy)]
 pub struct Command {
-    pub args: NonNull<EncodedArgs>,
+    pub payload: Payload,
     /// Redis lost the script: `SCRIPT LOAD` it before the call that carries this decision.
     pub reload: bool,
+    /// After a Cluster `ASK`: sent alone, right after `ASKING`.
+    pub asking: bool,
+    /// The Cluster slot of the decision's keys: one script call never spans two.
+    pub slot: Option<u16>,
+}
+
+impl Command {
+    pub fn decision(args: &EncodedArgs, reload: bool) -> Command {
+        Command {
+            payload: Payload::Decision(NonNull::from(args)),
+            reload,
+            asking: false,
+            slot: None,
+        }
+    }
 }
 
 /// Where a waiter's command sits: valid while the waiter is pending, because closing a
@@ -100,13 +115,17 @@ pub struct Token {
     pub(super) seq: u64,
 }
 
+/// This worker's way to Redis.
 pub struct WorkerPool {
-    pub(super) conf: *const RedisConf,
-    pub(super) conns: Vec<NonNull<Conn>>,
-    pub(super) breaker: Breaker,
-    pub(super) metrics: Metrics,
-    /// This worker is counted in the `BreakerOpen` gauge.
-    breaker_open: bool,
+    conf: *const RedisConf,
+    metrics: Metrics,
+    mode: Mode,
+}
+
+/// Which node serves a command.
+enum Mode {
+    /// One server.
+    Single(NonNull<NodePool>),
 }
 
 impl WorkerPool {
@@ -115,11 +134,9 @@ impl WorkerPool {
         let conf = mcf.redis.as_ref()?;
         let mut p = mcf.pool.get();
         if p.is_null() {
-            let breaker = Breaker::new(conf.fail_threshold, conf.fail_backoff as u64);
             let metrics = mcf.metrics.get();
-            let pool =
-                WorkerPool { conf, conns: Vec::new(), breaker, metrics, breaker_open: false };
-            p = Box::into_raw(Box::new(pool));
+            let mode = Mode::Single(NodePool::create(conf, Addr::configured(conf), metrics));
+            p = Box::into_raw(Box::new(WorkerPool { conf, metrics, mode }));
             mcf.pool.set(p);
         }
         // SAFETY: the pool lives until `destroy` at worker exit, and a worker is one thread.
@@ -132,71 +149,27 @@ impl WorkerPool {
         if p.is_null() {
             return;
         }
-        // SAFETY: created by `get` with Box::into_raw. Closing a connection reaches the pool
-        // through the connection's raw pointer, so the pool is owned again (and dropped) only
-        // once no connection is left to do so.
+        // SAFETY: created by `get` with Box::into_raw; its nodes were created for it.
         unsafe {
-            while let Some(&conn) = (*p).conns.last() {
-                Conn::close(conn, RedisError::Closed, false);
+            match Box::from_raw(p).mode {
+                Mode::Single(node) => NodePool::destroy(node),
             }
-            (*p).breaker_gauge(false);
-            drop(Box::from_raw(p));
         }
     }
 
-    pub(super) fn conf(&self) -> &'static RedisConf {
-        // SAFETY: the configuration outlives the worker's pool.
-        unsafe { &*self.conf }
-    }
-
-    /// Queues a decision for `waiter`. Everything queued in one event-loop iteration goes out
-    /// in one write.
+    /// Queues a command for `waiter` on the node that serves it.
     ///
     /// # Safety
-    /// `cmd`'s arguments stay valid while `waiter` is pending.
+    /// `cmd`'s bytes stay valid while `waiter` is pending.
     pub unsafe fn submit(
         &mut self,
         waiter: NonNull<Waiter>,
         cmd: Command,
     ) -> Result<Token, RedisError> {
-        let conn = self.pick()?;
-        // SAFETY: `pick` returns a live connection of this pool.
-        Ok(Conn::push(conn, waiter, cmd))
-    }
-
-    fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
-        if self.breaker.admit(now()) == Admit::No {
-            return Err(RedisError::Unavailable);
-        }
-        // SAFETY: every pointer in `conns` is a live connection.
-        let load = |c: &NonNull<Conn>| unsafe { c.as_ref().load() };
-        let least = self.conns.iter().min_by_key(|c| load(c)).copied();
-        let busy = least.is_none_or(|c| load(&c) >= SPILL_AT);
-        if busy && self.conns.len() < self.conf().pool_size {
-            let self_ptr: *mut WorkerPool = self;
-            self.metrics.count(Counter::Connects);
-            match Conn::connect(self_ptr) {
-                Ok(c) => {
-                    self.metrics.gauge(Gauge::Connections, 1);
-                    self.conns.push(c);
-                    return Ok(c);
-                }
-                Err(e) => {
-                    self.failed(&e);
-                    if least.is_none() {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        match least {
-            Some(c) if load(&c) >= MAX_OUTSTANDING => {
-                self.failed(&RedisError::Overloaded);
-                Err(RedisError::Overloaded)
-            }
-            Some(c) => Ok(c),
-            None => Err(RedisError::Unavailable),
-        }
+        let node = match self.mode {
+            Mode::Single(node) => node,
+        };
+        (*node.as_ptr()).submit(waiter, cmd)
     }
 
     /// Detaches a waiter from its slot; the reply, when it comes, is dropped.
@@ -205,103 +178,23 @@ impl WorkerPool {
         unsafe { Conn::cancel(token) }
     }
 
-    pub(super) fn forget(&mut self, conn: NonNull<Conn>) {
-        self.metrics.gauge(Gauge::Connections, -1);
-        self.conns.retain(|&c| c != conn);
-    }
-
-    /// A decision's deadline passed before Redis answered: a Redis too slow for the traffic
+    /// A decision's deadline passed before its node answered: a Redis too slow for the traffic
     /// counts as failing, or the breaker would never spare requests the wait.
-    pub fn timed_out(&mut self) {
-        self.failed(&RedisError::Timeout);
-    }
-
-    /// A failure: the first of an outage is logged with its reason, and the breaker's
-    /// transitions once each.
-    pub(super) fn failed(&mut self, why: &RedisError) {
-        self.metrics.failure(why.kind());
-        let name = &self.conf().name;
-        if !self.breaker.failing() {
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                log(),
-                "ratelimit: redis \"{name}\" {why}, requests follow ratelimit_fail"
-            );
-        }
-        let backoff = self.conf().fail_backoff;
-        match self.breaker.failure(now()) {
-            Some(Transition::Opened) => {
-                self.breaker_gauge(true);
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log(),
-                    "ratelimit: redis \"{name}\" failed {} times in a row, not asked for \
-                     {backoff}ms",
-                    self.conf().fail_threshold
-                );
-            }
-            Some(Transition::Reopened) => {
-                self.breaker_gauge(true);
-                ngx_log_error!(
-                    NGX_LOG_INFO,
-                    log(),
-                    "ratelimit: redis \"{name}\" probe failed, not asked for {backoff}ms"
-                );
-            }
-            _ => {}
-        }
-    }
-
-    /// A reply: usable ones close the breaker, errors meaning Redis cannot serve count as
-    /// failures. A `late` one (past its deadline, its request long answered) proves nothing
-    /// either way. Returns whether the connection should be replaced (`READONLY`: a replica
-    /// after a failover, whose address may lead to the new primary on a fresh connection).
-    pub(super) fn replied(&mut self, reply: &Reply, late: bool) -> bool {
-        if let Reply::Error(e) = reply {
-            self.metrics.error_reply(e);
-            if breaker::unusable(e) {
-                let msg = String::from_utf8_lossy(e);
-                self.failed(&RedisError::Refused(msg.into_owned()));
-                return e.starts_with(b"READONLY");
-            }
-        }
-        if late {
-            return false;
-        }
-        let was_failing = self.breaker.failing();
-        self.breaker.success();
-        self.breaker_gauge(false);
-        if was_failing {
-            ngx_log_error!(
-                NGX_LOG_NOTICE,
-                log(),
-                "ratelimit: redis \"{}\" answers again",
-                self.conf().name
-            );
-        }
-        false
-    }
-}
-
-impl WorkerPool {
-    /// Keeps this worker's share of the `BreakerOpen` gauge, and counts each opening.
-    fn breaker_gauge(&mut self, open: bool) {
-        if open {
-            self.metrics.count(Counter::BreakerOpenings);
-        }
-        if open != self.breaker_open {
-            self.breaker_open = open;
-            self.metrics.gauge(Gauge::BreakerOpen, if open { 1 } else { -1 });
+    pub fn timed_out(token: Token) {
+        // SAFETY: as for `cancel`; the node outlives its connections.
+        unsafe {
+            (*Conn::node(token)).failed(&RedisError::Timeout);
+            Conn::cancel(token);
         }
     }
 }
 
-fn now() -> u64 {
+pub(super) fn now() -> u64 {
     // SAFETY: a worker's cached clock, read on its only thread.
     unsafe { ngx_current_msec as u64 }
 }
 
-fn log() -> *mut ngx::ffi::ngx_log_t {
+pub(super) fn log() -> *mut ngx::ffi::ngx_log_t {
     // SAFETY: the cycle (and its log) exists whenever a worker runs event handlers.
     unsafe { (*ngx_cycle).log }
 }
