@@ -1,4 +1,5 @@
-//! Talking to Redis: the RESP codec (pure) and the per-worker pool of event-loop connections.
+//! Talking to Redis: the RESP codec (pure), Redis Cluster slots and topology (pure), and the
+//! per-worker pool of event-loop connections.
 
 pub mod breaker;
 #[cfg(not(test))]
@@ -10,3 +11,5 @@ pub mod pool;
 #[cfg(not(test))]
 mod query;
 pub mod resp;
+pub mod slot;
+pub mod topology;
