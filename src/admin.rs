@@ -15,7 +15,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
-use crate::handler::{attach, detach, submit};
+use crate::handler::{attach, detach, follow, submit, Follow, Retries};
 use crate::key::Key;
 use crate::module::RateLimit;
 use crate::params::parse_cost;
@@ -27,7 +27,7 @@ struct AdminCtx {
     waiter: Waiter,
     ev: ngx_event_t,
     args: EncodedArgs,
-    reloaded: bool,
+    retries: Retries,
 }
 
 /// `key=K` reads the balance, `&set=N` sets it, `&add=N` adds to it (N ≥ 0, at most 10⁹).
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
         ev: core::mem::zeroed(),
         args: EncodedArgs::new(core::iter::once(za), None),
-        reloaded: false,
+        retries: Retries::default(),
     })) else {
         return NGX_ERROR as ngx_int_t;
     };
@@ -90,7 +90,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     (*cln).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     attach(&mut c.waiter, &mut c.ev, on_event, r);
-    if !submit(mcf, &mut c.waiter, &c.args, false) {
+    if !submit(mcf, &mut c.waiter, &c.args) {
         return finish(c);
     }
     ngx_add_timer(&mut c.ev, redis.timeout);
@@ -115,16 +115,12 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         }
         ctx.waiter.result = Some(Err(RedisError::Timeout));
     }
-    let noscript = matches!(&ctx.waiter.result, Some(Ok(reply))
-        if script::decode_decision(reply, 1) == Err(ReplyError::NoScript));
     if ctx.waiter.result.is_none() {
         return;
     }
-    if noscript && !ctx.reloaded {
-        ctx.reloaded = true;
-        if submit(mcf, &mut ctx.waiter, &ctx.args, true) {
-            return;
-        }
+    // An operator's write is retried by the operator: no pause for TRYAGAIN.
+    if let Follow::Resent = follow(mcf, &mut ctx.waiter, &ctx.args, &mut ctx.retries) {
+        return;
     }
     detach(&mut ctx.waiter, &mut ctx.ev);
     let c = (*r).connection;

@@ -65,6 +65,8 @@ pub struct RedisConf {
     pub is_unix: bool,
     /// Every address given, the first included: a Cluster's seeds, or the sentinels.
     pub seeds: Vec<SeedAddr>,
+    /// `cluster=on`: the addresses are seeds of a Redis Cluster.
+    pub cluster: bool,
     pub pool_size: usize,
     pub timeout: ngx_msec_t,
     pub connect_timeout: ngx_msec_t,
@@ -78,10 +80,18 @@ pub struct RedisConf {
     pub fail_backoff: ngx_msec_t,
 }
 
+pub enum KeyPiece {
+    /// Compiled in the configuration pool.
+    Value(*mut ngx_http_complex_value_t),
+    Brace(u8),
+}
+
 pub struct Zone {
     pub name: String,
     /// Compiled in the configuration pool.
     pub key: *mut ngx_http_complex_value_t,
+    /// The same template split at its literal braces, for Redis Cluster; empty without any.
+    pub key_pieces: Vec<KeyPiece>,
     pub algorithm: Algorithm,
     pub limit: Param,
     pub window: Param,

@@ -16,14 +16,15 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{
-    Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, Zone,
+    Clock, FailPolicy, KeyPiece, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, Zone,
 };
 use crate::headers::HeaderMode;
+use crate::key::{split_braces, Piece};
 use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
-    parse_cost, parse_limit, parse_msec, parse_size, parse_uint, parse_window, split_param,
-    valid_zone_name, MAX_WINDOW_MS,
+    parse_cost, parse_limit, parse_msec, parse_size, parse_switch, parse_uint, parse_window,
+    split_param, valid_zone_name, MAX_WINDOW_MS,
 };
 use crate::quota::{parse_offset, Period, PeriodKind};
 use crate::redis::resp;
@@ -190,6 +191,7 @@ unsafe extern "C" fn cmd_redis(
         name: first.name.clone(),
         is_unix: first.is_unix,
         seeds: Vec::new(),
+        cluster: false,
         pool_size: 4,
         timeout: 200,
         connect_timeout: 0,
@@ -222,6 +224,7 @@ unsafe extern "C" fn cmd_redis(
                 redis.prefix = value.as_bytes().to_vec();
                 Some(())
             }
+            "cluster" => parse_switch(value).map(|on| redis.cluster = on),
             "user" if !value.is_empty() => {
                 user = Some(value);
                 Some(())
@@ -250,10 +253,26 @@ unsafe extern "C" fn cmd_redis(
         }
         (None, None) => {}
     }
+    if let Some(why) = topology_error(&redis) {
+        ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"ratelimit_redis\" {why}");
+        return NGX_CONF_ERROR as _;
+    }
     // The whole decision must fit in `timeout`, so connecting can never take longer.
     redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);
     mcf.redis = Some(redis);
     NGX_CONF_OK
+}
+
+/// What is wrong with the addresses for the mode asked, if anything.
+fn topology_error(redis: &RedisConf) -> Option<String> {
+    let unix = redis.seeds.iter().find(|s| s.is_unix).map(|s| s.name.as_str());
+    match (redis.cluster, unix) {
+        (true, Some(addr)) => Some(format!("cannot use \"{addr}\" with \"cluster=on\"")),
+        (false, _) if redis.seeds.len() > 1 => {
+            Some(format!("has {} addresses: several need \"cluster=on\"", redis.seeds.len()))
+        }
+        _ => None,
+    }
 }
 
 /// One address of `ratelimit_redis`, resolved now: the worker never waits for DNS.
@@ -304,6 +323,7 @@ unsafe extern "C" fn cmd_zone(
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
+    let mut key_pieces = Vec::new();
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     let mut member = None;
@@ -311,7 +331,11 @@ unsafe extern "C" fn cmd_zone(
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
         let ok = match param {
-            "key" => compile_complex_value(cf, arg, "key=".len()).map(|cv| key = Some(cv)),
+            "key" => compile_complex_value(cf, arg, "key=".len()).and_then(|cv| {
+                key = Some(cv);
+                key_pieces = compile_key_pieces(cf, value)?;
+                Some(())
+            }),
             "limit" => number_or_variable(cf, arg, param, parse_limit).map(|p| limit = Some(p)),
             "window" => number_or_variable(cf, arg, param, parse_window).map(|p| window = Some(p)),
             "algorithm" => Algorithm::parse(value).map(|a| algorithm = Some(a)),
@@ -330,12 +354,7 @@ unsafe extern "C" fn cmd_zone(
                 _ => None,
             }
             .map(|c| clock = c),
-            "exact_key" => match value {
-                "on" => Some(true),
-                "off" => Some(false),
-                _ => None,
-            }
-            .map(|e| exact_key = e),
+            "exact_key" => parse_switch(value).map(|e| exact_key = e),
             "member" => match value {
                 "request_id" => {
                     let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
@@ -421,6 +440,7 @@ unsafe extern "C" fn cmd_zone(
     mcf.zones.push(Zone {
         name: name.to_owned(),
         key,
+        key_pieces,
         algorithm,
         limit,
         window,
@@ -493,6 +513,24 @@ unsafe fn number_or_variable(
 
 /// Compiles the part of `arg` after `skip` bytes as a complex value (`$binary_remote_addr`,
 /// `"$host:$arg_k"`), in the configuration pool.
+/// The pieces of a key template with literal braces (`crate::key::split_braces`), each text
+/// compiled on its own; empty without literal braces.
+unsafe fn compile_key_pieces(cf: *mut ngx_conf_t, template: &str) -> Option<Vec<KeyPiece>> {
+    let Some(pieces) = split_braces(template.as_bytes()) else { return Some(Vec::new()) };
+    let mut out = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        out.push(match piece {
+            Piece::Brace(b) => KeyPiece::Brace(b),
+            // The text points into the configuration's pool, as the whole template does.
+            Piece::Text(t) => {
+                let s = ngx_str_t { len: t.len(), data: t.as_ptr() as *mut u8 };
+                KeyPiece::Value(compile_complex_value(cf, &s, 0)?)
+            }
+        });
+    }
+    Some(out)
+}
+
 unsafe fn compile_complex_value(
     cf: *mut ngx_conf_t,
     arg: &ngx_str_t,

@@ -9,22 +9,24 @@ use ngx::ffi::{
     ngx_add_timer, ngx_core_conf_t, ngx_core_module, ngx_current_msec, ngx_cycle, ngx_del_timer,
     ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading, ngx_http_cleanup_add,
     ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_log_ctx_t, ngx_http_request_t,
-    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_list_push, ngx_msec_t,
-    ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_table_elt_t, ngx_timeofday, NGX_AGAIN,
-    NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
+    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_list_push, ngx_msec_int_t,
+    ngx_msec_t, ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_table_elt_t, ngx_timeofday,
+    NGX_AGAIN, NGX_DECLINED, NGX_ERROR, NGX_HTTP_SERVICE_UNAVAILABLE, NGX_LOG_ERR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 
-use crate::conf::{Clock, FailPolicy, LocConf, MainConf, Param, Zone};
+use crate::conf::{Clock, FailPolicy, KeyPiece, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::deny_cache::{Denial, DenyCache};
 use crate::headers::{self, Policy, Quota};
-use crate::key::Key;
+use crate::key::{cluster_value, Key, Piece};
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
-use crate::redis::pool::{Command, RedisError, Waiter, WorkerPool};
+use crate::redis::pool::{Command, RedisError, Token, Waiter, WorkerPool};
+use crate::redis::resp::Reply;
+use crate::redis::topology::{parse_redirect, Redirect};
 use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
 pub use crate::status::Status;
 
@@ -40,7 +42,7 @@ pub struct Ctx {
     /// Fires on completion (posted) or at the decision's deadline (timer).
     ev: ngx_event_t,
     args: EncodedArgs,
-    reloaded: bool,
+    retries: Retries,
     /// When the decision was asked for: a rejection is remembered from then, so the memory
     /// never outlasts what Redis said.
     started: ngx_msec_t,
@@ -160,7 +162,11 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         }
         // SAFETY: the prefix and the zone name live in the configuration and the value in the
         // request's pool; the context that keeps the key lives in that pool too.
-        let value = core::slice::from_raw_parts(value.data, value.len);
+        let mut value = core::slice::from_raw_parts(value.data, value.len);
+        if redis.cluster && !zone.exact_key {
+            let Some(v) = cluster_key_value(r, zone, value) else { return NGX_ERROR as ngx_int_t };
+            value = v;
+        }
         let key = if zone.exact_key {
             Key::exact(value)
         } else {
@@ -194,7 +200,13 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
 
-    if !submit(mcf, &mut ctx.waiter, &ctx.args, false) {
+    if redis.cluster && ctx.args.slot().is_none() {
+        // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
+        let zones = ctx.zones.iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
+        fail(ctx, lcf, mcf, Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
+        return apply(ctx, lcf, mcf);
+    }
+    if !submit(mcf, &mut ctx.waiter, &ctx.args) {
         decide(ctx, lcf, mcf);
         return apply(ctx, lcf, mcf);
     }
@@ -202,6 +214,44 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     // Notice a client that goes away while it waits (499), as limit_req's delay does.
     (*r).read_event_handler = Some(ngx_http_test_reading);
     NGX_AGAIN as ngx_int_t
+}
+
+/// A key value for Redis Cluster, in the request's pool: only the braces of the configuration
+/// make a hash tag (`crate::key::cluster_value`). `whole` is the template evaluated at once.
+unsafe fn cluster_key_value(
+    r: *mut ngx_http_request_t,
+    zone: &Zone,
+    whole: &'static [u8],
+) -> Option<&'static [u8]> {
+    let bytes = if zone.key_pieces.is_empty() {
+        if !whole.iter().any(|&b| matches!(b, b'{' | b'}' | b'%')) {
+            return Some(whole);
+        }
+        cluster_value(core::iter::once(Piece::Text(whole)))
+    } else {
+        let mut pieces = Vec::with_capacity(zone.key_pieces.len());
+        for piece in &zone.key_pieces {
+            pieces.push(match *piece {
+                KeyPiece::Brace(b) => Piece::Brace(b),
+                KeyPiece::Value(cv) => {
+                    let v = eval(r, cv)?;
+                    // SAFETY: evaluated into the request's pool, which outlives this call.
+                    Piece::Text(if v.len == 0 {
+                        &[]
+                    } else {
+                        core::slice::from_raw_parts(v.data, v.len)
+                    })
+                }
+            });
+        }
+        cluster_value(pieces.into_iter())
+    };
+    let p = ngx_pnalloc((*r).pool, bytes.len()) as *mut u8;
+    if p.is_null() {
+        return None;
+    }
+    ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+    Some(core::slice::from_raw_parts(p, bytes.len()))
 }
 
 /// The gateway's clock: `clock=nginx`'s now, and the time whose calendar period a quota's
@@ -283,7 +333,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
         ev: core::mem::zeroed(),
         args: EncodedArgs::default(),
-        reloaded: false,
+        retries: Retries::default(),
         started: 0,
         zones: Vec::new(),
         quota: None,
@@ -367,19 +417,40 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
         return;
     };
+    let redis = mcf.redis.as_ref().expect("a decision was sent");
     if (*ev).timedout() != 0 {
         (*ev).set_timedout(0);
-        // The deadline met no reply, or a NOSCRIPT that would need a second round trip (the
-        // two can arrive in one event-loop iteration): either way the time is up.
-        if ctx.waiter.result.is_none() || noscript(ctx) {
+        if core::mem::take(&mut ctx.retries.waiting) {
+            // TRYAGAIN's pause is over.
+            if let Follow::Resent = resend(mcf, &mut ctx.waiter, &ctx.args, &ctx.retries, false) {
+                ngx_add_timer(ev, time_left(ctx, redis).max(1) as ngx_msec_t);
+                return;
+            }
+        } else if ctx.waiter.result.is_none() || again(&ctx.waiter.result).is_some() {
+            // The deadline met no reply, or one that would need another round trip (the two
+            // can arrive in one event-loop iteration): either way the time is up.
             if let Some(token) = ctx.waiter.token.take() {
                 WorkerPool::timed_out(token);
             }
             ctx.waiter.result = Some(Err(RedisError::Timeout));
         }
     }
-    if ctx.waiter.result.is_none() || resubmitted(ctx, mcf) {
+    if ctx.waiter.result.is_none() {
         return;
+    }
+    match follow(mcf, &mut ctx.waiter, &ctx.args, &mut ctx.retries) {
+        Follow::Resent => return,
+        Follow::Later => {
+            if time_left(ctx, redis) > TRYAGAIN_DELAY as ngx_msec_int_t {
+                ctx.retries.waiting = true;
+                if ctx.ev.posted() != 0 {
+                    ngx_delete_posted_event(&mut ctx.ev);
+                }
+                ngx_add_timer(&mut ctx.ev, TRYAGAIN_DELAY);
+                return;
+            }
+        }
+        Follow::No => {}
     }
     // The reply and the deadline can arrive in the same event-loop iteration.
     if ctx.ev.timer_set() != 0 {
@@ -401,31 +472,123 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     ngx_http_run_posted_requests(c);
 }
 
-/// Redis lost the script (restart, `SCRIPT FLUSH`): ask again, once, within the same deadline,
-/// in a call preceded by `SCRIPT LOAD` (one for all the decisions that ask again together).
-unsafe fn resubmitted(ctx: &mut Ctx, mcf: &MainConf) -> bool {
-    if !noscript(ctx) || ctx.reloaded {
-        return false;
+/// What is left of the decision's `timeout`.
+unsafe fn time_left(ctx: &Ctx, redis: &RedisConf) -> ngx_msec_int_t {
+    let due = ctx.started.wrapping_add(redis.timeout);
+    due.wrapping_sub(ngx_current_msec) as ngx_msec_int_t
+}
+
+/// How many `MOVED` and `ASK` one decision follows: more means the cluster changes faster
+/// than this worker's table follows, and the decision's time is better spent failing.
+const MAX_REDIRECTS: u8 = 2;
+/// The wait before the one retry after `TRYAGAIN` (a slot in the middle of a migration).
+const TRYAGAIN_DELAY: ngx_msec_t = 20;
+
+/// What a decision has already tried after replies that were not its answer.
+#[derive(Default)]
+pub struct Retries {
+    reloaded: bool,
+    redirects: u8,
+    tried_again: bool,
+    /// Waiting out `TRYAGAIN_DELAY`.
+    waiting: bool,
+    /// The `ASK` being followed: a retry after `NOSCRIPT` or `TRYAGAIN` goes there too.
+    ask: Option<Redirect>,
+}
+
+pub enum Follow {
+    /// Queued again: wait for the new reply.
+    Resent,
+    /// Send again after `TRYAGAIN_DELAY`, if the deadline allows.
+    Later,
+    /// The result stands.
+    No,
+}
+
+/// A reply asking for another round trip, rather than an answer.
+enum Again {
+    /// Redis lost the script (restart, `SCRIPT FLUSH`, a node that never saw it).
+    NoScript,
+    Redirect(Redirect),
+    TryAgain,
+}
+
+fn again(result: &Option<Result<Reply, RedisError>>) -> Option<Again> {
+    let Some(Ok(Reply::Error(e))) = result else { return None };
+    if e.starts_with(b"NOSCRIPT") {
+        Some(Again::NoScript)
+    } else if e.starts_with(b"TRYAGAIN") {
+        Some(Again::TryAgain)
+    } else {
+        parse_redirect(e).map(Again::Redirect)
     }
-    ctx.reloaded = true;
-    submit(mcf, &mut ctx.waiter, &ctx.args, true)
+}
+
+/// Sends a decision again when its reply asks for it, within the same deadline: after
+/// `NOSCRIPT` once, in a call preceded by `SCRIPT LOAD` (one for all the decisions that ask
+/// again together); after `MOVED` or `ASK` up to `MAX_REDIRECTS` times; after `TRYAGAIN`
+/// once, a little later.
+pub unsafe fn follow(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    retries: &mut Retries,
+) -> Follow {
+    match again(&waiter.result) {
+        Some(Again::NoScript) if !retries.reloaded => {
+            retries.reloaded = true;
+            resend(mcf, waiter, args, retries, true)
+        }
+        Some(Again::Redirect(to)) if retries.redirects < MAX_REDIRECTS => {
+            retries.redirects += 1;
+            retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
+            resend(mcf, waiter, args, retries, false)
+        }
+        Some(Again::TryAgain) if !retries.tried_again => {
+            retries.tried_again = true;
+            Follow::Later
+        }
+        _ => Follow::No,
+    }
+}
+
+/// Queues a decision again, to the node an `ASK` named if one is being followed.
+pub unsafe fn resend(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    retries: &Retries,
+    reload: bool,
+) -> Follow {
+    let cmd = Command::decision(args, reload);
+    let queued = queue(mcf, waiter, |pool, w| match &retries.ask {
+        Some(ask) => pool.redirect(w, cmd, ask),
+        None => pool.submit(w, cmd),
+    });
+    if queued {
+        Follow::Resent
+    } else {
+        Follow::No
+    }
 }
 
 /// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses. The
 /// arguments must outlive the pending decision (they live beside the waiter, in its context).
-pub unsafe fn submit(
+pub unsafe fn submit(mcf: &MainConf, waiter: &mut Waiter, args: &EncodedArgs) -> bool {
+    queue(mcf, waiter, |pool, w| pool.submit(w, Command::decision(args, false)))
+}
+
+unsafe fn queue(
     mcf: &MainConf,
     waiter: &mut Waiter,
-    args: &EncodedArgs,
-    reload: bool,
+    send: impl FnOnce(&mut WorkerPool, NonNull<Waiter>) -> Result<Token, RedisError>,
 ) -> bool {
     let Some(pool) = WorkerPool::get(mcf) else {
         waiter.result = Some(Err(RedisError::Unavailable));
         return false;
     };
     waiter.result = None;
-    let cmd = Command::decision(args, reload);
-    match pool.submit(NonNull::from(&mut *waiter), cmd) {
+    match send(pool, NonNull::from(&mut *waiter)) {
         Ok(token) => {
             waiter.token = Some(token);
             true
@@ -435,13 +598,6 @@ pub unsafe fn submit(
             false
         }
     }
-}
-
-fn noscript(ctx: &Ctx) -> bool {
-    matches!(
-        &ctx.waiter.result,
-        Some(Ok(reply)) if script::decode_decision(reply, ctx.zones.len()) == Err(ReplyError::NoScript)
-    )
 }
 
 /// Turns the waiter's result into the request's status.
@@ -556,6 +712,8 @@ enum Failure {
     BadValue(&'static str, String, String),
     /// One of these keys holds data that is not ours.
     WrongType(String),
+    /// The keys of these zones are in different Cluster slots.
+    CrossSlot(String),
 }
 
 impl core::fmt::Display for Failure {
@@ -570,6 +728,11 @@ impl core::fmt::Display for Failure {
             Failure::WrongType(keys) => {
                 write!(f, "redis replied WRONGTYPE: one of the keys {keys} holds other data")
             }
+            Failure::CrossSlot(zones) => write!(
+                f,
+                "the keys of zones {zones} are in different redis cluster slots; give them a \
+                 common hash tag"
+            ),
             Failure::BadValue(what, zone, value) => {
                 write!(f, "invalid {what} \"{}\" for zone \"{zone}\"", value.escape_debug())
             }

@@ -58,9 +58,97 @@ impl<'a> Key<'a> {
     }
 }
 
+/// A piece of a key template, for Redis Cluster: the braces written in the configuration are
+/// the only ones that may make a hash tag, so they are kept apart from the text around them,
+/// whose variables' values are escaped ([`crate::redis::slot::neutralize_braces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    /// Text with variables, evaluated per request.
+    Text(&'a [u8]),
+    Brace(u8),
+}
+
+/// Splits a template at its literal braces; `${name}` is a variable, not braces. `None` when
+/// it has no literal brace.
+pub fn split_braces(template: &[u8]) -> Option<Vec<Piece<'_>>> {
+    let mut pieces = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while i < template.len() {
+        match template[i] {
+            b'$' if template.get(i + 1) == Some(&b'{') => {
+                i +=
+                    template[i..].iter().position(|&b| b == b'}').map_or(template.len(), |n| n + 1);
+                continue;
+            }
+            b @ (b'{' | b'}') => {
+                if start < i {
+                    pieces.push(Piece::Text(&template[start..i]));
+                }
+                pieces.push(Piece::Brace(b));
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    if pieces.is_empty() {
+        return None;
+    }
+    if start < template.len() {
+        pieces.push(Piece::Text(&template[start..]));
+    }
+    Some(pieces)
+}
+
+/// A key value for Redis Cluster from its evaluated pieces: each evaluated text escaped so that
+/// request data never makes or breaks a hash tag, the configured braces as written.
+pub fn cluster_value<'a>(pieces: impl Iterator<Item = Piece<'a>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.extend_from_slice(&crate::redis::slot::neutralize_braces(t)),
+            Piece::Brace(b) => out.push(b),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::slot::key_slot;
+
+    #[test]
+    fn templates_split_at_literal_braces_only() {
+        use Piece::*;
+        assert_eq!(split_braces(b"$http_x_api_key"), None);
+        assert_eq!(split_braces(b"${http_x_api_key}:x"), None);
+        assert_eq!(
+            split_braces(b"{$http_x_api_key}:$uri"),
+            Some(vec![Brace(b'{'), Text(b"$http_x_api_key"), Brace(b'}'), Text(b":$uri")])
+        );
+        assert_eq!(
+            split_braces(b"a{${v}}"),
+            Some(vec![Text(b"a"), Brace(b'{'), Text(b"${v}"), Brace(b'}')])
+        );
+    }
+
+    #[test]
+    fn request_data_never_chooses_the_slot() {
+        use Piece::*;
+        // The configured tag holds: a value with braces is escaped inside it.
+        let evil = cluster_value([Brace(b'{'), Text(b"al}ice{x}"), Brace(b'}')].into_iter());
+        assert_eq!(evil, b"{al%7Dice%7Bx%7D}");
+        let slot = key_slot(&[b"rl:", b"api", b":", &evil]);
+        assert_eq!(slot, key_slot(&[b"al%7Dice%7Bx%7D"]));
+        // Without a configured tag the whole key is hashed, whatever the value holds.
+        let plain = cluster_value([Text(b"{victim}")].into_iter());
+        assert_eq!(key_slot(&[b"rl:api:", &plain]), key_slot(&[b"rl:api:%7Bvictim%7D"]));
+        assert_ne!(key_slot(&[b"rl:api:", &plain]), key_slot(&[b"victim"]));
+        // Two zones with the same configured tag share a slot.
+        let a = cluster_value([Brace(b'{'), Text(b"alice"), Brace(b'}')].into_iter());
+        assert_eq!(key_slot(&[b"rl:", b"per_min", b":", &a]), key_slot(&[b"rl:per_day:", &a]));
+    }
 
     fn bytes(k: &Key<'_>) -> Vec<u8> {
         k.parts().concat()

@@ -52,6 +52,15 @@ pub fn parse_uint(value: &str, min: u64, max: u64) -> Option<u64> {
     value.parse().ok().filter(|n| (min..=max).contains(n))
 }
 
+/// An `on`/`off` parameter.
+pub fn parse_switch(value: &str) -> Option<bool> {
+    match value {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
 /// Far above any real limit, and small enough that the scripts' arithmetic stays exact.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
 pub const MAX_WINDOW_MS: u64 = 365 * 86_400_000;
@@ -87,6 +96,14 @@ pub fn split_param(arg: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn switches() {
+        assert_eq!(parse_switch("on"), Some(true));
+        assert_eq!(parse_switch("off"), Some(false));
+        assert_eq!(parse_switch("On"), None);
+        assert_eq!(parse_switch(""), None);
+    }
 
     #[test]
     fn sizes() {

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use crate::key::Key;
 use crate::params::MAX_LIMIT;
 use crate::redis::resp::{self, Reply};
+use crate::redis::slot;
 
 /// The decision script. The files in `lua/` are the single source of truth; tests that run the
 /// script directly (`t/lib/RLTest/Script.pm`) read this list to assemble it the same way.
@@ -201,6 +202,8 @@ pub struct EncodedArgs {
     bytes: Vec<u8>,
     keys_len: usize,
     zones: usize,
+    /// The Redis Cluster slot of every key; `None` when they fall in different slots.
+    slot: Option<u16>,
 }
 
 impl EncodedArgs {
@@ -218,6 +221,9 @@ impl EncodedArgs {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
         let keys_len = bytes.len();
+        let mut slots = zones.clone().map(|z| slot::key_slot(&z.key.parts()));
+        let first = slots.next();
+        let slot = first.filter(|&s| slots.all(|other| other == s));
         match now_ms {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
@@ -239,7 +245,12 @@ impl EncodedArgs {
                 }
             }
         }
-        EncodedArgs { bytes, keys_len, zones: count }
+        EncodedArgs { bytes, keys_len, zones: count, slot }
+    }
+
+    /// The Cluster slot all the keys share, if they do: one script call touches one slot.
+    pub fn slot(&self) -> Option<u16> {
+        self.slot
     }
 
     /// The bytes this decision adds to a call, for [`MAX_BATCH_BYTES`].

@@ -88,7 +88,8 @@ impl Breaker {
 /// Error replies after which Redis cannot decide anything for now: they count as failures.
 /// Others (`WRONGTYPE` for one key, `NOSCRIPT`) say nothing about the server.
 pub fn unusable(error: &[u8]) -> bool {
-    const PREFIXES: [&[u8]; 9] = [
+    const PREFIXES: [&[u8]; 10] = [
+        b"CLUSTERDOWN",
         b"LOADING",
         b"BUSY",
         b"READONLY",
@@ -156,6 +157,7 @@ mod tests {
             "MASTERDOWN Link",
             "WRONGPASS invalid username-password pair",
             "NOPERM this user has no permissions",
+            "CLUSTERDOWN The cluster is down",
         ] {
             assert!(unusable(e.as_bytes()), "{e}");
         }

@@ -3,6 +3,8 @@
 
 pub mod breaker;
 #[cfg(not(test))]
+mod cluster;
+#[cfg(not(test))]
 mod conn;
 #[cfg(not(test))]
 mod node;

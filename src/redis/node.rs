@@ -2,6 +2,7 @@
 //! circuit breaker. A single server, the current primary of a Sentinel group and each node of
 //! a Cluster are one `NodePool` each, so one failing node never stops decisions on the others.
 
+use core::ffi::c_void;
 use core::ptr::NonNull;
 use std::net::SocketAddr;
 
@@ -15,7 +16,7 @@ use super::breaker::{self, Admit, Breaker, Transition};
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::pool::{log, now, Command, RedisError, Token, Waiter};
 use super::resp::Reply;
-use crate::conf::RedisConf;
+use crate::conf::{RedisConf, SeedAddr};
 use crate::metrics::{Counter, Gauge, Metrics};
 
 /// A new connection is opened only when every open one already carries this many decisions;
@@ -34,13 +35,13 @@ pub struct Addr {
 }
 
 impl Addr {
-    /// The address parsed at configuration time, in the cycle's pool.
-    pub fn configured(conf: &RedisConf) -> Addr {
+    /// An address parsed at configuration time, in the cycle's pool.
+    pub fn configured(seed: &SeedAddr) -> Addr {
         Addr {
-            sockaddr: conf.sockaddr,
-            socklen: conf.socklen,
-            name: conf.name.clone(),
-            is_unix: conf.is_unix,
+            sockaddr: seed.sockaddr,
+            socklen: seed.socklen,
+            name: seed.name.clone(),
+            is_unix: seed.is_unix,
             _storage: None,
         }
     }
@@ -97,6 +98,8 @@ pub struct NodePool {
     pub(super) metrics: Metrics,
     /// This node is counted in the `BreakerOpen` gauge.
     breaker_open: bool,
+    /// Told of every failure: a Cluster node that fails may have been replaced.
+    pub(super) on_failure: Option<(unsafe fn(*mut c_void), *mut c_void)>,
 }
 
 impl NodePool {
@@ -104,8 +107,15 @@ impl NodePool {
     /// is freed by [`NodePool::destroy`].
     pub fn create(conf: &RedisConf, addr: Addr, metrics: Metrics) -> NonNull<NodePool> {
         let breaker = Breaker::new(conf.fail_threshold, conf.fail_backoff as u64);
-        let pool =
-            NodePool { conf, addr, conns: Vec::new(), breaker, metrics, breaker_open: false };
+        let pool = NodePool {
+            conf,
+            addr,
+            conns: Vec::new(),
+            breaker,
+            metrics,
+            breaker_open: false,
+            on_failure: None,
+        };
         NonNull::from(Box::leak(Box::new(pool)))
     }
 
@@ -127,10 +137,6 @@ impl NodePool {
     pub(super) fn conf(&self) -> &'static RedisConf {
         // SAFETY: the configuration outlives the worker's pools.
         unsafe { &*self.conf }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.addr.name
     }
 
     /// Whether anything is still open or waiting here.
@@ -215,6 +221,10 @@ impl NodePool {
     /// A failure: the first of an outage is logged with its reason, and the breaker's
     /// transitions once each.
     pub(super) fn failed(&mut self, why: &RedisError) {
+        if let Some((hook, data)) = self.on_failure {
+            // SAFETY: whoever set the hook outlives this node (it owns it).
+            unsafe { hook(data) };
+        }
         self.metrics.failure(why.kind());
         let name = self.addr.name.clone();
         if !self.breaker.failing() {

@@ -11,11 +11,13 @@ use core::ptr::{self, NonNull};
 
 use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events};
 
+use super::cluster::Cluster;
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::node::{Addr, NodePool};
 use super::resp::{ProtocolError, Reply};
-use crate::conf::{MainConf, RedisConf};
-use crate::metrics::{ErrorKind, Metrics};
+use super::topology::Redirect;
+use crate::conf::MainConf;
+use crate::metrics::ErrorKind;
 use crate::script::EncodedArgs;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,8 +119,6 @@ pub struct Token {
 
 /// This worker's way to Redis.
 pub struct WorkerPool {
-    conf: *const RedisConf,
-    metrics: Metrics,
     mode: Mode,
 }
 
@@ -126,6 +126,7 @@ pub struct WorkerPool {
 enum Mode {
     /// One server.
     Single(NonNull<NodePool>),
+    Cluster(NonNull<Cluster>),
 }
 
 impl WorkerPool {
@@ -135,8 +136,12 @@ impl WorkerPool {
         let mut p = mcf.pool.get();
         if p.is_null() {
             let metrics = mcf.metrics.get();
-            let mode = Mode::Single(NodePool::create(conf, Addr::configured(conf), metrics));
-            p = Box::into_raw(Box::new(WorkerPool { conf, metrics, mode }));
+            let mode = if conf.cluster {
+                Mode::Cluster(Cluster::create(conf, metrics))
+            } else {
+                Mode::Single(NodePool::create(conf, Addr::configured(&conf.seeds[0]), metrics))
+            };
+            p = Box::into_raw(Box::new(WorkerPool { mode }));
             mcf.pool.set(p);
         }
         // SAFETY: the pool lives until `destroy` at worker exit, and a worker is one thread.
@@ -153,6 +158,7 @@ impl WorkerPool {
         unsafe {
             match Box::from_raw(p).mode {
                 Mode::Single(node) => NodePool::destroy(node),
+                Mode::Cluster(cluster) => Cluster::destroy(cluster),
             }
         }
     }
@@ -168,8 +174,40 @@ impl WorkerPool {
     ) -> Result<Token, RedisError> {
         let node = match self.mode {
             Mode::Single(node) => node,
+            Mode::Cluster(cluster) => (*cluster.as_ptr()).route(cmd.slot.unwrap_or(0))?,
         };
-        (*node.as_ptr()).submit(waiter, cmd)
+        let sent = (*node.as_ptr()).submit(waiter, cmd);
+        if let (Err(_), Mode::Cluster(cluster)) = (&sent, &self.mode) {
+            // A node that fails or is not asked may have been replaced by its replica.
+            (*cluster.as_ptr()).refresh();
+        }
+        sent
+    }
+
+    /// Follows a Cluster redirection: `MOVED` patches the table and goes where it now points,
+    /// `ASK` sends this one command, after `ASKING`, to the node importing the slot. Without
+    /// `cluster=on` there is nowhere to follow it to.
+    ///
+    /// # Safety
+    /// As for [`WorkerPool::submit`].
+    pub unsafe fn redirect(
+        &mut self,
+        waiter: NonNull<Waiter>,
+        cmd: Command,
+        to: &Redirect,
+    ) -> Result<Token, RedisError> {
+        let Mode::Cluster(cluster) = self.mode else { return Err(RedisError::Unavailable) };
+        let cluster = &mut *cluster.as_ptr();
+        match to {
+            Redirect::Moved { slot, to } => {
+                cluster.moved(*slot, to);
+                self.submit(waiter, cmd)
+            }
+            Redirect::Ask { to, .. } => {
+                let node = cluster.node(to)?;
+                (*node.as_ptr()).submit(waiter, Command { asking: true, ..cmd })
+            }
+        }
     }
 
     /// Detaches a waiter from its slot; the reply, when it comes, is dropped.

@@ -187,16 +187,22 @@ pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
     put_bulk(out, s);
 }
 
+/// A command of bulk-string arguments.
+pub fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_array_len(&mut out, args.len());
+    for arg in args {
+        put_bulk(&mut out, arg);
+    }
+    out
+}
+
 /// `AUTH password` or, with an ACL user, `AUTH user password`.
 pub fn auth_command(user: Option<&str>, password: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    put_array_len(&mut out, if user.is_some() { 3 } else { 2 });
-    put_bulk(&mut out, b"AUTH");
-    if let Some(user) = user {
-        put_bulk(&mut out, user.as_bytes());
+    match user {
+        Some(user) => command(&[b"AUTH", user.as_bytes(), password.as_bytes()]),
+        None => command(&[b"AUTH", password.as_bytes()]),
     }
-    put_bulk(&mut out, password.as_bytes());
-    out
 }
 
 fn put_usize(out: &mut Vec<u8>, v: usize) {
