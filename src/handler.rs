@@ -422,11 +422,12 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         (*ev).set_timedout(0);
         if core::mem::take(&mut ctx.retries.waiting) {
             // TRYAGAIN's pause is over.
-            if let Follow::Resent = resend(mcf, &mut ctx.waiter, &ctx.args, &ctx.retries, false) {
+            let ask = ctx.retries.ask.as_ref();
+            if let Follow::Resent = resend(mcf, &mut ctx.waiter, &ctx.args, ask, false) {
                 ngx_add_timer(ev, time_left(ctx, redis).max(1) as ngx_msec_t);
                 return;
             }
-        } else if ctx.waiter.result.is_none() || again(&ctx.waiter.result).is_some() {
+        } else if ctx.waiter.result.is_none() || detour(&ctx.waiter.result).is_some() {
             // The deadline met no reply, or one that would need another round trip (the two
             // can arrive in one event-loop iteration): either way the time is up.
             if let Some(token) = ctx.waiter.token.take() {
@@ -446,6 +447,8 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
                 if ctx.ev.posted() != 0 {
                     ngx_delete_posted_event(&mut ctx.ev);
                 }
+                // nginx keeps an armed timer that is within 300 ms of the new one.
+                ngx_del_timer(&mut ctx.ev);
                 ngx_add_timer(&mut ctx.ev, TRYAGAIN_DELAY);
                 return;
             }
@@ -506,21 +509,21 @@ pub enum Follow {
 }
 
 /// A reply asking for another round trip, rather than an answer.
-enum Again {
+enum Detour {
     /// Redis lost the script (restart, `SCRIPT FLUSH`, a node that never saw it).
     NoScript,
     Redirect(Redirect),
     TryAgain,
 }
 
-fn again(result: &Option<Result<Reply, RedisError>>) -> Option<Again> {
+fn detour(result: &Option<Result<Reply, RedisError>>) -> Option<Detour> {
     let Some(Ok(Reply::Error(e))) = result else { return None };
     if e.starts_with(b"NOSCRIPT") {
-        Some(Again::NoScript)
+        Some(Detour::NoScript)
     } else if e.starts_with(b"TRYAGAIN") {
-        Some(Again::TryAgain)
+        Some(Detour::TryAgain)
     } else {
-        parse_redirect(e).map(Again::Redirect)
+        parse_redirect(e).map(Detour::Redirect)
     }
 }
 
@@ -534,17 +537,18 @@ pub unsafe fn follow(
     args: &EncodedArgs,
     retries: &mut Retries,
 ) -> Follow {
-    match again(&waiter.result) {
-        Some(Again::NoScript) if !retries.reloaded => {
+    match detour(&waiter.result) {
+        Some(Detour::NoScript) if !retries.reloaded => {
             retries.reloaded = true;
-            resend(mcf, waiter, args, retries, true)
+            resend(mcf, waiter, args, retries.ask.as_ref(), true)
         }
-        Some(Again::Redirect(to)) if retries.redirects < MAX_REDIRECTS => {
+        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS => {
             retries.redirects += 1;
+            let follow = resend(mcf, waiter, args, Some(&to), false);
             retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
-            resend(mcf, waiter, args, retries, false)
+            follow
         }
-        Some(Again::TryAgain) if !retries.tried_again => {
+        Some(Detour::TryAgain) if !retries.tried_again => {
             retries.tried_again = true;
             Follow::Later
         }
@@ -552,17 +556,17 @@ pub unsafe fn follow(
     }
 }
 
-/// Queues a decision again, to the node an `ASK` named if one is being followed.
-pub unsafe fn resend(
+/// Queues a decision again, where a redirection points if one is followed.
+unsafe fn resend(
     mcf: &MainConf,
     waiter: &mut Waiter,
     args: &EncodedArgs,
-    retries: &Retries,
+    via: Option<&Redirect>,
     reload: bool,
 ) -> Follow {
     let cmd = Command::decision(args, reload);
-    let queued = queue(mcf, waiter, |pool, w| match &retries.ask {
-        Some(ask) => pool.redirect(w, cmd, ask),
+    let queued = queue(mcf, waiter, |pool, w| match via {
+        Some(to) => pool.redirect(w, cmd, to),
         None => pool.submit(w, cmd),
     });
     if queued {

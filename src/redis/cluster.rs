@@ -175,8 +175,8 @@ impl Cluster {
             // SAFETY: every pool in the list is alive.
             unsafe { !p.as_ref().breaker.failing() }
         };
-        let order = (0..n).map(|i| (self.next + i) % n);
-        let pick = order.clone().find(|&i| healthy(&self.pools[i].1)).or(order.last());
+        let pick = (0..n).map(|i| (self.next + i) % n).find(|&i| healthy(&self.pools[i].1));
+        let pick = pick.or((n > 0).then(|| self.next % n));
         let Some(i) = pick else { return };
         self.next = i + 1;
         let (addr, node) = self.pools[i].clone();

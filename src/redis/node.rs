@@ -90,6 +90,9 @@ impl Addr {
     }
 }
 
+/// A function and its data, called on each failure of a node.
+pub type Hook = (unsafe fn(*mut c_void), *mut c_void);
+
 pub struct NodePool {
     pub(super) conf: *const RedisConf,
     pub(super) addr: Addr,
@@ -99,7 +102,7 @@ pub struct NodePool {
     /// This node is counted in the `BreakerOpen` gauge.
     breaker_open: bool,
     /// Told of every failure: a Cluster node that fails may have been replaced.
-    pub(super) on_failure: Option<(unsafe fn(*mut c_void), *mut c_void)>,
+    pub(super) on_failure: Option<Hook>,
 }
 
 impl NodePool {

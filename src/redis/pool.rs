@@ -100,12 +100,8 @@ pub struct Command {
 
 impl Command {
     pub fn decision(args: &EncodedArgs, reload: bool) -> Command {
-        Command {
-            payload: Payload::Decision(NonNull::from(args)),
-            reload,
-            asking: false,
-            slot: None,
-        }
+        let payload = Payload::Decision(NonNull::from(args));
+        Command { payload, reload, asking: false, slot: args.slot() }
     }
 }
 
