@@ -8,13 +8,14 @@ use core::ptr;
 use ngx::core::NGX_CONF_ERROR;
 use ngx::ffi::{
     ngx_conf_t, ngx_http_complex_value_t, ngx_msec_t, ngx_uint_t, sockaddr, socklen_t,
-    NGX_LOG_EMERG, NGX_LOG_ERR,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 
 use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
+use crate::key::prefix_tag;
 use crate::local_limit::LocalLimiter;
 use crate::metrics::Metrics;
 use crate::module::RateLimit;
@@ -92,6 +93,8 @@ pub struct Zone {
     pub key: *mut ngx_http_complex_value_t,
     /// The same template split at its literal braces, for Redis Cluster; empty without any.
     pub key_pieces: Vec<KeyPiece>,
+    /// `crate::key::tag_template` of the key.
+    pub tag: Option<Vec<u8>>,
     pub algorithm: Algorithm,
     pub limit: Param,
     pub window: Param,
@@ -221,7 +224,8 @@ pub unsafe extern "C" fn merge_loc_conf(
 ) -> *mut c_char {
     let prev = &*(prev as *const LocConf);
     let conf = &mut *(conf as *mut LocConf);
-    if conf.limits.is_none() {
+    let inherited = conf.limits.is_none();
+    if inherited {
         conf.limits.clone_from(&prev.limits);
     }
     conf.fail = conf.fail.or(prev.fail);
@@ -245,7 +249,33 @@ pub unsafe extern "C" fn merge_loc_conf(
             None => return fail(cf, limit, "unknown ratelimit zone \"%s\""),
         }
     }
+    if !inherited {
+        warn_cross_slot(cf, mcf, limits);
+    }
     ptr::null_mut()
+}
+
+/// On a Cluster, zones decided together must share a slot, or each of their decisions is
+/// refused: warn where that cannot hold, once, at the first `ratelimit` line of the level.
+unsafe fn warn_cross_slot(cf: *mut ngx_conf_t, mcf: &MainConf, limits: &[LimitRef]) {
+    let Some(redis) = mcf.redis.as_ref().filter(|r| r.cluster) else { return };
+    if limits.len() < 2 || prefix_tag(&redis.prefix) {
+        return;
+    }
+    let tags: Vec<_> = limits.iter().map(|l| mcf.zones[l.zone].tag.as_ref()).collect();
+    if tags.iter().all(|t| t.is_some() && *t == tags[0]) {
+        return;
+    }
+    let names: Vec<_> = limits.iter().map(|l| format!("\"{}\"", l.name)).collect();
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        (*cf).log,
+        "ratelimit zones {} have no common hash tag in their keys: with \"cluster=on\" their \
+         decisions follow ratelimit_fail, in {}:{}",
+        names.join(", "),
+        limits[0].file,
+        limits[0].line
+    );
 }
 
 /// Logs with the `ratelimit` line's own position: `ngx_conf_log_error` would point at the end

@@ -19,7 +19,7 @@ use crate::conf::{
     Clock, FailPolicy, KeyPiece, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, Zone,
 };
 use crate::headers::HeaderMode;
-use crate::key::{split_braces, Piece};
+use crate::key::{split_braces, tag_template, Piece};
 use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
@@ -323,7 +323,7 @@ unsafe extern "C" fn cmd_zone(
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
-    let mut key_pieces = Vec::new();
+    let (mut key_pieces, mut tag) = (Vec::new(), None);
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     let mut member = None;
@@ -334,6 +334,7 @@ unsafe extern "C" fn cmd_zone(
             "key" => compile_complex_value(cf, arg, "key=".len()).and_then(|cv| {
                 key = Some(cv);
                 key_pieces = compile_key_pieces(cf, value)?;
+                tag = tag_template(value.as_bytes());
                 Some(())
             }),
             "limit" => number_or_variable(cf, arg, param, parse_limit).map(|p| limit = Some(p)),
@@ -441,6 +442,7 @@ unsafe extern "C" fn cmd_zone(
         name: name.to_owned(),
         key,
         key_pieces,
+        tag,
         algorithm,
         limit,
         window,

@@ -100,6 +100,28 @@ pub fn split_braces(template: &[u8]) -> Option<Vec<Piece<'_>>> {
     Some(pieces)
 }
 
+/// The part of a key template that chooses its Cluster slot: the text between its first pair of
+/// literal braces, if any. Two zones whose templates have the same one always share a slot.
+pub fn tag_template(template: &[u8]) -> Option<Vec<u8>> {
+    let pieces = split_braces(template)?;
+    let open = pieces.iter().position(|p| *p == Piece::Brace(b'{'))?;
+    let mut tag = Vec::new();
+    for piece in &pieces[open + 1..] {
+        match piece {
+            Piece::Text(t) => tag.extend_from_slice(t),
+            Piece::Brace(b'}') => return (!tag.is_empty()).then_some(tag),
+            Piece::Brace(b) => tag.push(*b),
+        }
+    }
+    None
+}
+
+/// Whether `prefix` holds a hash tag of its own: then every key is in the slot of that tag.
+pub fn prefix_tag(prefix: &[u8]) -> bool {
+    let Some(open) = prefix.iter().position(|&b| b == b'{') else { return false };
+    prefix[open + 1..].iter().position(|&b| b == b'}').is_some_and(|n| n > 0)
+}
+
 /// A key value for Redis Cluster from its evaluated pieces: each evaluated text escaped so that
 /// request data never makes or breaks a hash tag, the configured braces as written.
 pub fn cluster_value<'a>(pieces: impl Iterator<Item = Piece<'a>>) -> Vec<u8> {
@@ -131,6 +153,18 @@ mod tests {
             split_braces(b"a{${v}}"),
             Some(vec![Text(b"a"), Brace(b'{'), Text(b"${v}"), Brace(b'}')])
         );
+    }
+
+    #[test]
+    fn tags_of_templates() {
+        assert_eq!(tag_template(b"{$arg_k}"), Some(b"$arg_k".to_vec()));
+        assert_eq!(tag_template(b"x{$arg_k}:{$uri}"), Some(b"$arg_k".to_vec()));
+        assert_eq!(tag_template(b"{}$arg_k"), None);
+        assert_eq!(tag_template(b"${arg_k}"), None);
+        assert_eq!(tag_template(b"{${arg_k}"), None);
+        assert!(prefix_tag(b"{rl}:"));
+        assert!(!prefix_tag(b"rl:"));
+        assert!(!prefix_tag(b"{}rl:"));
     }
 
     #[test]

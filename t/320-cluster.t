@@ -25,6 +25,22 @@ for my $case (
     like($out, qr/nginx\.conf:\d+/, '... with file:line');
 }
 
+{
+    my ($rc, $out) = nginx_t(http_config => <<'EOF', config => <<'EOF');
+    ratelimit_redis 127.0.0.1:7001 cluster=on;
+    ratelimit_zone a "key={$arg_k}" limit=5 window=1m;
+    ratelimit_zone b "key={$arg_k}:x" limit=5 window=1h;
+    ratelimit_zone c key=$arg_k limit=5 window=1h;
+EOF
+    location /ab { ratelimit a; ratelimit b; }
+    location /ac { ratelimit a; ratelimit c; }
+EOF
+    is($rc, 0, 'zones without a common hash tag are allowed');
+    like($out, qr/\[warn\].*ratelimit zones "a", "c" have no common hash tag in their keys: with "cluster=on" their decisions follow ratelimit_fail, in \S+nginx\.conf:\d+/,
+        '... with a warning naming them and the line');
+    unlike($out, qr/zones "a", "b"/, 'zones with the same tag get none');
+}
+
 my $cluster = RLTest::Cluster->new(dir => servroot() . '/cluster')->start;
 diag(sprintf 'cluster of 3 primaries and 3 replicas started in %.1f s', $cluster->started_in);
 my @primaries = $cluster->primaries;
