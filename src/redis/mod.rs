@@ -1,4 +1,5 @@
-//! Talking to Redis: the RESP codec (pure) and the per-worker pool of event-loop connections.
+//! Talking to Redis: the RESP codec (pure), Redis Cluster slots and topology (pure), and the
+//! per-worker pool of event-loop connections.
 
 pub mod breaker;
 #[cfg(not(test))]
@@ -6,3 +7,5 @@ mod conn;
 #[cfg(not(test))]
 pub mod pool;
 pub mod resp;
+pub mod slot;
+pub mod topology;
