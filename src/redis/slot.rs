@@ -4,9 +4,6 @@
 //! Pure functions, no allocation on the request path: a key is hashed from the parts it is built
 //! from (`Key::parts()`), never joined first.
 
-// The lead wires these into the per-node routing next; until then only the tests use them.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::borrow::Cow;
 
 /// Number of hash slots of a Redis Cluster.
