@@ -127,6 +127,25 @@ my @cluster_pids = map { $c->pid_of($_) } $c->ports;
 $c->stop;
 ok(!(grep { alive($_) } @cluster_pids), 'every cluster node stopped');
 
+# ---------------------------------------------------------------- TLS cluster
+# Nodes keep a plain loopback port for the harness; TLS clients are told
+# the tls ports, in CLUSTER SLOTS and in MOVED.
+SKIP: {
+    skip 'no openssl', 2 unless system('openssl version >/dev/null 2>&1') == 0;
+    my $tls = RLTest::Cluster::tls_certs("$root/certs");
+    my $tc = RLTest::Cluster->new(dir => "$root/tls-cluster", primaries => 3, replicas => 0,
+        tls => $tls)->start;
+    diag(sprintf 'TLS cluster of 3 primaries ready in %.2f s', $tc->started_in);
+    my $owner = $tc->primary_of_slot(12182);
+    my ($other) = grep { $_ != $owner } $tc->primaries;
+    my @cli = ('redis-cli', '--tls', '--cacert', $tls->{ca}, '-p', $tc->tls_port($other));
+    my $moved = `@cli get foo` =~ s/\s+\z//r;
+    is($moved, 'MOVED 12182 127.0.0.1:' . $tc->tls_port($owner), 'over TLS: MOVED names a tls port');
+    is(err($tc->cmd($other, 'GET', 'foo')), "MOVED 12182 127.0.0.1:$owner",
+        'over the plain port: MOVED names a plain port');
+    $tc->stop;
+}
+
 # ---------------------------------------------------------------- sentinel
 my $sen = RLTest::Sentinel->new(dir => "$root/sentinel", name => 'rltest')->start;
 diag(sprintf 'sentinel group ready in %.2f s', $sen->started_in);

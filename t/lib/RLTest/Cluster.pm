@@ -467,6 +467,27 @@ sub stop {
     $self->{clients} = {};
 }
 
+# A throw-away CA and a server certificate for 127.0.0.1 / localhost /
+# redis.test under $dir (openssl CLI), as { cert, key, ca } for tls => ...
+sub tls_certs {
+    my ($dir) = @_ == 2 ? @_[1] : @_;
+    make_path($dir);
+    my @steps = (
+        "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 -subj /CN=RLTest-CA",
+        "req -newkey rsa:2048 -nodes -keyout redis.key -out redis.csr -subj /CN=redis.test",
+        "x509 -req -in redis.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out redis.crt "
+            . "-days 30 -extfile san.ext",
+    );
+    open my $fh, '>', "$dir/san.ext" or die "$dir/san.ext: $!";
+    print $fh "subjectAltName=DNS:redis.test,DNS:localhost,IP:127.0.0.1\n";
+    close $fh;
+    for my $step (@steps) {
+        system("cd \Q$dir\E && openssl $step >>openssl.log 2>&1") == 0
+            or die "openssl $step failed; see $dir/openssl.log\n";
+    }
+    return { cert => "$dir/redis.crt", key => "$dir/redis.key", ca => "$dir/ca.crt" };
+}
+
 sub DESTROY {
     my ($self) = @_;
     local ($@, $?, $!);
