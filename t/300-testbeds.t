@@ -3,7 +3,7 @@
 # rely on: a cluster with a full slot map and its replicas, slots in the
 # MIGRATING state answering ASK and TRYAGAIN on one raw connection, a
 # Sentinel failover, and a gateway namespace cut off from Redis and back.
-# Everything they start is gone at the end.  No nginx here.
+# Everything they start is gone at the end.
 use lib 't/lib';
 use RLTest;
 use RLTest::Cluster;
@@ -167,7 +167,7 @@ ok(!(grep { alive($_) } @sen_pids), 'every sentinel and server stopped');
 # ---------------------------------------------------------------- network namespaces
 SKIP: {
     my ($ok, $why) = RLTest::Netns->available;
-    skip "netns bed: $why", 7 unless $ok;
+    skip "netns bed: $why", 18 unless $ok;
     my $net = RLTest::Netns->new(gateways => 2, dir => "$root/netns")->setup;
     my $r = $net->start_redis(port => 6380);
     is($r->cmd('PING'), 'PONG', 'Redis in its namespace, reached from the test');
@@ -183,6 +183,36 @@ SKIP: {
     is($ping->(2), 'PONG', 'cut: gateway 2 still does');
     $net->restore(1);
     is($ping->(1), 'PONG', 'restored: gateway 1 reaches Redis again');
+
+    # The module in two gateway namespaces, reached from the test.
+    my $addr = $net->redis_addr;
+    for my $g (1, 2) {
+        start_nginx(name => "gw$g", $net->nginx_options($g),
+            http_config => "    ratelimit_redis $addr:6380 timeout=300ms;\n"
+                . "    ratelimit_zone api key=\$arg_k limit=100 window=10s;\n",
+            config => '        location /t { ratelimit api; ratelimit_fail closed; '
+                . 'add_header X-RL $ratelimit_status always; }');
+    }
+    my $get = sub {
+        my ($g) = @_;
+        my $res = http_get('/t?k=a', -port => nginx("gw$g")->addr);
+        return "$res->{status} " . (header($res, 'X-RL') // '-');
+    };
+    is($get->(1), '200 PASSED', 'nginx in gateway 1 decides through Redis');
+    is($get->(2), '200 PASSED', 'nginx in gateway 2 too');
+    is($r->cmd('ZCARD', 'rl:api:a'), 2, 'both counted in the one Redis');
+    $net->cut(1, 6380);
+    my $t0 = time;
+    is($get->(1), '503 FAILED_CLOSED', 'gateway 1 cut: its decision times out');
+    my $waited = time - $t0;
+    ok($waited >= 0.25 && $waited < 2, sprintf 'after the timeout (%.2f s)', $waited);
+    is($get->(2), '200 PASSED', 'gateway 2 keeps deciding');
+    $net->restore(1);
+    is($get->(1), '200 PASSED', 'gateway 1 restored');
+    for my $g (1, 2) {
+        ok(stop_nginx("gw$g"), "gw$g quits gracefully");
+        check_no_alerts(error_log_text("gw$g"), "gw$g");
+    }
     my @names = $net->namespaces;
     my $rpid = $r->pid;
     $net->teardown;
