@@ -107,6 +107,9 @@ sub sweep_stale {
         my ($ns) = $line =~ /^(rlt(\d+)(?:r|g\d+))\b/ or next;
         my ($pid) = $ns =~ /^rlt(\d+)/;
         next if $pid == $$ || alive($pid);
+        # What that run left running inside (its Redis, its nginx) goes too.
+        my (undef, $pids) = quiet('ip', 'netns', 'pids', $ns);
+        kill 'KILL', grep { /^\d+$/ } split /\s+/, $pids;
         quiet('ip', 'netns', 'del', $ns);
         quiet('ip', 'link', 'del', "rlt${pid}h");
     }
