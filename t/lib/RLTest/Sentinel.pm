@@ -150,7 +150,7 @@ sub cmd {
         my $r = eval { $c->cmd(@args) };
         return $r unless $@;
         delete $self->{clients}{$port};
-        die $@ if $try == 2 || $@ !~ /EOF|reset|Broken pipe|write|timed out/i;
+        die $@ if $try == 2 || $@ !~ /EOF|reset|Broken pipe|write/i;
     }
 }
 
