@@ -161,7 +161,7 @@ sub new {
     my ($class, %o) = @_;
     my $sock = $o{path}
         ? IO::Socket::UNIX->new(Type => IO::Socket::SOCK_STREAM(), Peer => $o{path})
-        : IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $o{port},
+        : IO::Socket::INET->new(PeerAddr => $o{host} || '127.0.0.1', PeerPort => $o{port},
               Proto => 'tcp', Timeout => 5);
     die "redis connect: $!\n" unless $sock;
     binmode $sock;
