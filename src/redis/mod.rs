@@ -6,3 +6,6 @@ mod conn;
 #[cfg(not(test))]
 pub mod pool;
 pub mod resp;
+#[cfg(not(test))]
+pub mod tls;
+pub mod tls_params;

@@ -39,6 +39,8 @@ pub enum RedisError {
     Overloaded,
     /// An error reply after which Redis cannot decide (`LOADING`, `BUSY`, `READONLY`, ...).
     Refused(String),
+    /// TLS failed: the handshake, its deadline, or the server's certificate; the reason.
+    Tls(String),
 }
 
 impl RedisError {
@@ -46,7 +48,7 @@ impl RedisError {
     /// error replies, which are counted by their class.
     fn kind(&self) -> Option<ErrorKind> {
         Some(match self {
-            RedisError::Connect => ErrorKind::Refused,
+            RedisError::Connect | RedisError::Tls(_) => ErrorKind::Refused,
             RedisError::Timeout => ErrorKind::Timeout,
             RedisError::Closed => ErrorKind::Closed,
             RedisError::Io => ErrorKind::Io,
@@ -71,6 +73,7 @@ impl fmt::Display for RedisError {
                 write!(f, "does not keep up ({MAX_OUTSTANDING} decisions waiting per connection)")
             }
             RedisError::Refused(msg) => write!(f, "replied \"{msg}\""),
+            RedisError::Tls(why) => write!(f, "TLS {why}"),
         }
     }
 }
