@@ -12,14 +12,14 @@ use Time::HiRes qw(time sleep);
 my $dir = servroot() . '/tls';
 mkdir $dir;
 
-sub run { my $cmd = shift; system("$cmd >>$dir/openssl.log 2>&1") == 0 or die "failed: $cmd\n" }
+sub sh { my $cmd = shift; system("$cmd >>$dir/openssl.log 2>&1") == 0 or die "failed: $cmd\n" }
 for my $ca (qw(ca other-ca)) {
-    run("openssl req -x509 -newkey rsa:2048 -nodes -keyout $dir/$ca.key -out $dir/$ca.crt"
+    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout $dir/$ca.key -out $dir/$ca.crt"
         . " -days 2 -subj '/CN=Test $ca'");
 }
 sub sign {
     my ($name, $cn, $ext) = @_;
-    run("openssl req -newkey rsa:2048 -nodes -keyout $dir/$name.key -out $dir/$name.csr -subj '/CN=$cn'");
+    sh("openssl req -newkey rsa:2048 -nodes -keyout $dir/$name.key -out $dir/$name.csr -subj '/CN=$cn'");
     my $extfile = '';
     if ($ext) {
         open my $fh, '>', "$dir/$name.ext" or die;
@@ -27,7 +27,7 @@ sub sign {
         close $fh;
         $extfile = "-extfile $dir/$name.ext";
     }
-    run("openssl x509 -req -in $dir/$name.csr -CA $dir/ca.crt -CAkey $dir/ca.key -CAcreateserial"
+    sh("openssl x509 -req -in $dir/$name.csr -CA $dir/ca.crt -CAkey $dir/ca.key -CAcreateserial"
         . " -out $dir/$name.crt -days 2 $extfile");
 }
 sign('redis', 'redis.test', 'subjectAltName=DNS:redis.test,IP:127.0.0.1');
