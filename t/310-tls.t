@@ -8,6 +8,7 @@ use lib 't/lib';
 use RLTest;
 use IO::Socket::INET;
 use Time::HiRes qw(time sleep);
+use POSIX ();
 
 my $dir = servroot() . '/tls';
 mkdir $dir;
@@ -131,6 +132,32 @@ like($log, qr/ratelimit: redis "127\.0\.0\.1:\d+" TLS handshake timed out, reque
     'silent port: the log says the handshake timed out');
 cmp_ok($worst, '<', 1, 'silent port: answered within the timeout (300ms)');
 close $silent;
+
+# A server that answers the ClientHello with something else than TLS.
+my $garbage = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 16,
+    ReuseAddr => 1) or die "listen: $!";
+my $garbage_port = $garbage->sockport;
+my $gpid = fork // die "fork: $!";
+if ($gpid == 0) {
+    while (my $c = $garbage->accept) {
+        sysread $c, my $buf, 4096;
+        syswrite $c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        close $c;
+    }
+    POSIX::_exit(0);
+}
+RLTest::Proc::register_pid($gpid, 'garbage server');
+close $garbage;
+($st, $log, $worst) = case('not TLS', "127.0.0.1:$garbage_port $ca $fast", 'garbage', 3);
+is($st, 'FAILED_OPEN FAILED_OPEN FAILED_OPEN', 'a server answering not TLS: follows ratelimit_fail');
+like($log, qr/\[error\] .*SSL_do_handshake\(\) failed .*\n.*ratelimit: redis "127\.0\.0\.1:\d+" TLS handshake failed, requests follow ratelimit_fail/,
+    'not TLS: nginx\'s handshake error at error level, then the module\'s line');
+my $ssl_lines = () = $log =~ /SSL_do_handshake\(\) failed/g;
+is($ssl_lines, 1, 'not TLS: nginx\'s handshake error once per outage, not per connection');
+cmp_ok($worst, '<', 1, 'not TLS: answered within the timeout');
+kill 'TERM', $gpid;
+waitpid $gpid, 0;
+RLTest::Proc::unregister_pid($gpid);
 
 # --- mutual TLS
 # With TLS 1.3 the server refuses the missing certificate after the client's
