@@ -14,11 +14,11 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use ngx::ffi::{
-    getsockopt, ngx_add_timer, ngx_connection_t, ngx_current_msec, ngx_cycle, ngx_del_timer,
-    ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer, ngx_event_t, ngx_exiting,
-    ngx_handle_read_event, ngx_handle_write_event, ngx_log_t, ngx_msec_int_t, ngx_msec_t,
-    ngx_peer_connection_t, ngx_post_event, ngx_posted_events, ngx_str_t, ngx_tcp_nodelay,
-    socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
+    getsockopt, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec, ngx_cycle,
+    ngx_del_timer, ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer,
+    ngx_event_t, ngx_exiting, ngx_handle_read_event, ngx_handle_write_event, ngx_log_t,
+    ngx_msec_int_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event, ngx_posted_events,
+    ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
 
 use super::pool::{complete, Command, RedisError, Token, Waiter, WorkerPool};
@@ -229,7 +229,9 @@ impl Conn {
             if conn.flush_ev.posted() != 0 {
                 ngx_delete_posted_event(ptr::addr_of!(conn.flush_ev) as *mut _);
             }
-            tls::close_connection(conn.c());
+            let tls_pool = tls::shutdown(conn.c());
+            ngx_close_connection(conn.c());
+            tls::destroy_pool(tls_pool);
             let queued = conn.queued.iter().map(|q| q.waiter);
             for w in conn.in_flight.iter().filter_map(|&(_, w)| w).chain(queued) {
                 complete(w, Err(why.clone()));

@@ -6,14 +6,14 @@
 //! after the TCP connect, a handshake bounded by the connect deadline; nothing is written to
 //! Redis before it ends, and the server's certificate is checked before anything is. nginx then
 //! swaps `c->send`/`c->recv` for the SSL versions, so the connection's reads and writes need no
-//! change. [`close_connection`] frees the `SSL` without waiting for the peer.
+//! change. [`shutdown`] frees the `SSL` without waiting for the peer.
 //!
 //! Sessions are reused per worker and server address: a reconnect after a Redis restart or an
 //! idle close costs an abbreviated handshake instead of a full one.
 //!
 //! An nginx built without SSL has none of this; `ssl=on` then fails `nginx -t`.
 
-use ngx::ffi::{ngx_close_connection, ngx_conf_t, ngx_connection_t};
+use ngx::ffi::{ngx_conf_t, ngx_connection_t, ngx_destroy_pool, ngx_pool_t};
 use ngx::ngx_conf_log_error;
 
 use super::tls_params::TlsParams;
@@ -61,19 +61,26 @@ pub unsafe fn configure(
     }
 }
 
-/// Closes a connection, TLS or not: the `SSL` is freed without a close_notify exchange (Redis
-/// needs none, and waiting for one could leave the `SSL` behind), then the pool it came from.
+/// Before closing a connection: frees its `SSL`, if any, without a close_notify exchange
+/// (Redis needs none, and waiting for one could leave the `SSL` behind), and returns the pool
+/// it came from, for [`destroy_pool`] once the connection is closed.
 ///
 /// # Safety
-/// `c` is an open connection of this module, not used afterwards.
-pub unsafe fn close_connection(c: *mut ngx_connection_t) {
+/// `c` is an open connection of this module, about to be closed.
+pub unsafe fn shutdown(c: *mut ngx_connection_t) -> *mut ngx_pool_t {
     #[cfg(ngx_ssl)]
     imp::shutdown(c);
     // Read before the connection goes back to nginx's free list.
-    let pool = (*c).pool;
-    ngx_close_connection(c);
+    (*c).pool
+}
+
+/// Destroys what [`shutdown`] returned, after `ngx_close_connection`.
+///
+/// # Safety
+/// `pool` is null or a connection pool created by [`start`], not used any more.
+pub unsafe fn destroy_pool(pool: *mut ngx_pool_t) {
     if !pool.is_null() {
-        ngx::ffi::ngx_destroy_pool(pool);
+        ngx_destroy_pool(pool);
     }
 }
 
@@ -304,7 +311,7 @@ mod imp {
     ) -> Result<bool, RedisError> {
         let err = |what: &str| Err(RedisError::Tls(what.to_owned()));
         if (*c).pool.is_null() {
-            // Destroyed by close_connection.
+            // Destroyed by destroy_pool when the connection closes.
             (*c).pool = ngx_create_pool(CONN_POOL_SIZE, (*c).log);
             if (*c).pool.is_null() {
                 return err("out of memory");
