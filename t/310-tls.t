@@ -208,8 +208,13 @@ my @after = map { rl(http_get('/t?k=restart2')) } 1 .. 3;
 unlike("@after", qr/FAILED_OPEN.*PASSED.*FAILED_OPEN/, 'restart: no flapping');
 my $back = wait_until(5, sub { rl(http_get('/t?k=restart3')) eq 'PASSED' });
 ok($back, 'restart: decisions over TLS again after the restart');
+# A reload builds a new TLS context; the old workers close their connections.
+ok(reload_nginx(http_config => http_conf("127.0.0.1:\$TEST_NGINX_TLS_PORT $ca ssl_name=redis.test"),
+    config => $config), 'reload: new workers');
+my @reload = map { rl(http_get('/t?k=reload')) } 1 .. 6;
+is("@reload", 'PASSED PASSED PASSED PASSED PASSED REJECTED', 'reload: exact over TLS in the new workers');
 ok(stop_nginx(), 'restart: nginx quits gracefully');
-check_no_alerts(error_log_text(), 'restart');
+check_no_alerts(error_log_text(), 'restart and reload');
 
 # --- nginx -t
 my @bad = (

@@ -93,6 +93,8 @@ mod none {
 
     pub enum TlsConf {}
 
+    /// # Safety
+    /// Never called: there is no `TlsConf`.
     pub unsafe fn start(
         _c: *mut ngx_connection_t,
         _pc: &ngx_peer_connection_t,
@@ -103,6 +105,8 @@ mod none {
         match *tls {}
     }
 
+    /// # Safety
+    /// Never called: there is no `TlsConf`.
     pub unsafe fn finish(_c: *mut ngx_connection_t, tls: &TlsConf) -> Result<(), RedisError> {
         match *tls {}
     }
