@@ -90,6 +90,23 @@ is($tls->cmd('ZCARD', 'rl:api:ip'), 5, 'the 5 admitted requests are in the TLS R
     'dns', 6);
 is($st, 'PASSED PASSED PASSED PASSED PASSED REJECTED', 'ssl_name=redis.test, a DNS SAN: works');
 
+# Many decisions at once over TLS, two workers, pipelined and batched on
+# several connections per worker: exact all the same.
+{
+    my $http = http_conf("127.0.0.1:\$TEST_NGINX_TLS_PORT $ca timeout=5s")
+        =~ s/limit=5 /limit=50 /r;
+    start_nginx(http_config => $http, config => $config, workers => 2);
+    my $res = http_parallel([map { { port => server_port(), request => 'GET /t?k=many' } } 1 .. 300],
+        timeout => 60);
+    my %rl;
+    $rl{ header($_, 'X-RL') // '-' }++ for @$res;
+    is($rl{PASSED}, 50, '300 requests at once over TLS, limit 50: exactly 50 admitted')
+        or diag(explain(\%rl));
+    is(($rl{REJECTED} // 0) + ($rl{REJECTED_CACHED} // 0), 250, 'and 250 rejected');
+    ok(stop_nginx(), 'many at once: nginx quits gracefully');
+    check_no_alerts(error_log_text(), 'many at once');
+}
+
 # AUTH is queued behind the handshake, never written before it.
 $tls->cmd('CONFIG', 'SET', 'requirepass', 'tls-S3cret');
 ($st, $log) = case('AUTH over TLS',
