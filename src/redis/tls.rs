@@ -360,7 +360,8 @@ mod imp {
             }
         }
         // nginx logs a failed handshake itself, at `info` for our connections' usual
-        // ECONNRESET policy: `error` instead, once per outage (the pool's policy).
+        // ECONNRESET policy: `error` instead, once per outage (the pool's policy; a quiet
+        // connection keeps its lowered level, see `finish`).
         (*c).set_log_error(ngx_connection_log_error_e_NGX_ERROR_ERR as _);
         if quiet {
             (*(*c).log).log_level = NGX_LOG_EMERG as _;
@@ -381,9 +382,11 @@ mod imp {
     /// # Safety
     /// `c` is the connection `start` was called on.
     pub unsafe fn finish(c: *mut ngx_connection_t, tls: &TlsConf) -> Result<(), RedisError> {
-        // What Conn::connect set, for the rest of the connection's life.
+        // What Conn::connect set, for the rest of the connection's life. A `quiet` connection
+        // (opened while Redis was failing) stays quiet: with TLS 1.3 a server that refuses the
+        // client certificate says so on the first read, which nginx would log at `crit` on
+        // every probe; the pool reports the outage once with its reason either way.
         (*c).set_log_error(ngx_connection_log_error_e_NGX_ERROR_IGNORE_ECONNRESET as _);
-        (*(*c).log).log_level = (*(*ngx_cycle).log).log_level;
         let err = |what: String| Err(RedisError::Tls(what));
         if (*(*c).write).timedout() != 0 || (*(*c).read).timedout() != 0 {
             return err("handshake timed out".into());
@@ -410,7 +413,7 @@ mod imp {
         let reused = SSL_session_reused(conn) == 1;
         ngx_log_error!(
             NGX_LOG_DEBUG,
-            (*c).log,
+            (*ngx_cycle).log,
             "ratelimit: redis tls handshake done, session {}",
             if reused { "reused" } else { "new" }
         );
