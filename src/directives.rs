@@ -16,7 +16,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{
-    Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, Zone,
+    Clock, FailPolicy, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, SentinelConf, Zone,
 };
 use crate::headers::HeaderMode;
 use crate::metrics;
@@ -196,43 +196,50 @@ unsafe extern "C" fn cmd_redis(
         keepalive_timeout: 60_000,
         prefix: b"rl:".to_vec(),
         auth: None,
+        select: None,
+        sentinel: None,
         fail_threshold: 3,
         fail_backoff: 1000,
     };
     redis.seeds = seeds;
     let mut connect_timeout = None;
     let (mut user, mut password) = (None, None);
+    let mut sentinel = SentinelParams::default();
     for arg in &args[1 + addrs..] {
         let s = text(arg);
         let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
-        let ok = match name {
-            "pool_size" => parse_uint(value, 1, 4096).map(|n| redis.pool_size = n as usize),
-            "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| redis.timeout = t as _),
-            "connect_timeout" => {
-                parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
-            }
-            "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
-            "fail_threshold" => {
-                parse_uint(value, 1, 1_000_000).map(|n| redis.fail_threshold = n as u32)
-            }
-            "fail_backoff" => {
-                parse_msec(value).filter(|&t| t > 0).map(|t| redis.fail_backoff = t as _)
-            }
-            "prefix" => {
-                redis.prefix = value.as_bytes().to_vec();
-                Some(())
-            }
-            "user" if !value.is_empty() => {
-                user = Some(value);
-                Some(())
-            }
-            "password" if !value.is_empty() => {
-                password = Some(value);
-                Some(())
-            }
-            // The value is a secret: name the parameter, never echo it.
-            "user" | "password" => return invalid(cf, "empty parameter", name),
-            _ => return invalid(cf, "parameter", s),
+        let ok = match sentinel.parse(name, value) {
+            Some(Ok(ok)) => ok,
+            Some(Err(())) => return invalid(cf, "empty parameter", name),
+            None => match name {
+                "pool_size" => parse_uint(value, 1, 4096).map(|n| redis.pool_size = n as usize),
+                "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| redis.timeout = t as _),
+                "connect_timeout" => {
+                    parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
+                }
+                "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
+                "fail_threshold" => {
+                    parse_uint(value, 1, 1_000_000).map(|n| redis.fail_threshold = n as u32)
+                }
+                "fail_backoff" => {
+                    parse_msec(value).filter(|&t| t > 0).map(|t| redis.fail_backoff = t as _)
+                }
+                "prefix" => {
+                    redis.prefix = value.as_bytes().to_vec();
+                    Some(())
+                }
+                "user" if !value.is_empty() => {
+                    user = Some(value);
+                    Some(())
+                }
+                "password" if !value.is_empty() => {
+                    password = Some(value);
+                    Some(())
+                }
+                // The value is a secret: name the parameter, never echo it.
+                "user" | "password" => return invalid(cf, "empty parameter", name),
+                _ => return invalid(cf, "parameter", s),
+            },
         };
         if ok.is_none() {
             return invalid(cf, "value", s);
@@ -250,10 +257,67 @@ unsafe extern "C" fn cmd_redis(
         }
         (None, None) => {}
     }
+    if let Err(e) = sentinel.finish(cf, &mut redis) {
+        return e;
+    }
     // The whole decision must fit in `timeout`, so connecting can never take longer.
     redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);
     mcf.redis = Some(redis);
     NGX_CONF_OK
+}
+
+/// `db=` and Sentinel mode's parameters of `ratelimit_redis`.
+#[derive(Default)]
+struct SentinelParams<'a> {
+    db: Option<u64>,
+    name: Option<&'a str>,
+    user: Option<&'a str>,
+    password: Option<&'a str>,
+}
+
+impl<'a> SentinelParams<'a> {
+    /// `None` for a parameter not of this group; `Some(Err(()))` for an empty secret, which
+    /// must be named, never echoed; `Some(Ok(None))` for a bad value.
+    fn parse(&mut self, name: &str, value: &'a str) -> Option<Result<Option<()>, ()>> {
+        let ok = match name {
+            // Redis' own limit (`databases`, 16 by default) is checked by `SELECT` itself.
+            "db" => parse_uint(value, 0, 65535).map(|n| self.db = Some(n)),
+            "sentinel" => (!value.is_empty()).then(|| self.name = Some(value)),
+            "sentinel_user" | "sentinel_password" if value.is_empty() => return Some(Err(())),
+            "sentinel_user" => Some(self.user = Some(value)),
+            "sentinel_password" => Some(self.password = Some(value)),
+            _ => return None,
+        };
+        Some(Ok(ok))
+    }
+
+    unsafe fn finish(self, cf: *mut ngx_conf_t, redis: &mut RedisConf) -> Result<(), *mut c_char> {
+        let fail = |msg: &str| {
+            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{msg} of the \"ratelimit_redis\" directive");
+            NGX_CONF_ERROR as *mut c_char
+        };
+        if let Some(db) = self.db {
+            redis.select = Some(resp::command(&[b"SELECT", db.to_string().as_bytes()]));
+        }
+        let Some(name) = self.name else {
+            return match (self.user, self.password) {
+                (None, None) => Ok(()),
+                _ => Err(fail("\"sentinel_user=\" and \"sentinel_password=\" need \"sentinel=\"")),
+            };
+        };
+        if redis.seeds.iter().any(|s| s.is_unix) {
+            return Err(fail("\"sentinel=\" takes sentinels' host:port, not unix: sockets"));
+        }
+        let auth = match (self.user, self.password) {
+            (user, Some(password)) => Some(resp::auth_command(user, password)),
+            (Some(_), None) => {
+                return Err(fail("\"sentinel_user=\" needs \"sentinel_password=\""));
+            }
+            (None, None) => None,
+        };
+        redis.sentinel = Some(SentinelConf { name: name.to_owned(), auth });
+        Ok(())
+    }
 }
 
 /// One address of `ratelimit_redis`, resolved now: the worker never waits for DNS.

@@ -10,3 +10,5 @@ pub mod pool;
 #[cfg(not(test))]
 mod query;
 pub mod resp;
+#[cfg(not(test))]
+mod sentinel;

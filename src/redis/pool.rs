@@ -12,8 +12,9 @@ use core::ptr::{self, NonNull};
 use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events};
 
 use super::conn::{Conn, MAX_OUTSTANDING};
-use super::node::{Addr, NodePool};
+use super::node::{Addr, NodePool, Role};
 use super::resp::{ProtocolError, Reply};
+use super::sentinel::Sentinel;
 use crate::conf::{MainConf, RedisConf};
 use crate::metrics::{ErrorKind, Metrics};
 use crate::script::EncodedArgs;
@@ -31,6 +32,10 @@ pub enum RedisError {
     Overloaded,
     /// An error reply after which Redis cannot decide (`LOADING`, `BUSY`, `READONLY`, ...).
     Refused(String),
+    /// A Sentinel group's primary is one no more: `ROLE` said this instead of `master`.
+    NotPrimary(String),
+    /// No sentinel has named a primary of this group yet (or since the last one failed).
+    NoPrimary(String),
 }
 
 impl RedisError {
@@ -44,7 +49,10 @@ impl RedisError {
             RedisError::Io => ErrorKind::Io,
             RedisError::Protocol(_) | RedisError::UnexpectedReply => ErrorKind::Protocol,
             RedisError::Overloaded => ErrorKind::Overloaded,
-            RedisError::Unavailable | RedisError::Refused(_) => return None,
+            RedisError::Unavailable
+            | RedisError::Refused(_)
+            | RedisError::NotPrimary(_)
+            | RedisError::NoPrimary(_) => return None,
         })
     }
 }
@@ -63,6 +71,13 @@ impl fmt::Display for RedisError {
                 write!(f, "does not keep up ({MAX_OUTSTANDING} decisions waiting per connection)")
             }
             RedisError::Refused(msg) => write!(f, "replied \"{msg}\""),
+            RedisError::NotPrimary(role) if role.is_empty() => {
+                f.write_str("is not a primary (unexpected ROLE reply)")
+            }
+            RedisError::NotPrimary(role) => write!(f, "is not a primary (ROLE says \"{role}\")"),
+            RedisError::NoPrimary(name) => {
+                write!(f, "has no primary known for sentinel group \"{name}\" yet")
+            }
         }
     }
 }
@@ -126,6 +141,8 @@ pub struct WorkerPool {
 enum Mode {
     /// One server.
     Single(NonNull<NodePool>),
+    /// The primary a Sentinel group names.
+    Sentinel(NonNull<Sentinel>),
 }
 
 impl WorkerPool {
@@ -135,7 +152,12 @@ impl WorkerPool {
         let mut p = mcf.pool.get();
         if p.is_null() {
             let metrics = mcf.metrics.get();
-            let mode = Mode::Single(NodePool::create(conf, Addr::configured(conf), metrics));
+            let mode = if conf.sentinel.is_some() {
+                Mode::Sentinel(Sentinel::create(conf, metrics))
+            } else {
+                let addr = Addr::configured(conf);
+                Mode::Single(NodePool::create(conf, addr, metrics, Role::Single))
+            };
             p = Box::into_raw(Box::new(WorkerPool { conf, metrics, mode }));
             mcf.pool.set(p);
         }
@@ -153,6 +175,7 @@ impl WorkerPool {
         unsafe {
             match Box::from_raw(p).mode {
                 Mode::Single(node) => NodePool::destroy(node),
+                Mode::Sentinel(s) => Sentinel::destroy(s),
             }
         }
     }
@@ -168,6 +191,7 @@ impl WorkerPool {
     ) -> Result<Token, RedisError> {
         let node = match self.mode {
             Mode::Single(node) => node,
+            Mode::Sentinel(s) => (*s.as_ptr()).primary()?,
         };
         (*node.as_ptr()).submit(waiter, cmd)
     }
