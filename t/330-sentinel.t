@@ -145,6 +145,8 @@ like($log, qr/ratelimit: sentinels name "127\.0\.0\.1:$p" the primary of "rlmast
 like($log, qr/ratelimit: sentinels name "127\.0\.0\.1:$r" the primary of "rlmaster"/, 'and the switch');
 like($log, qr/ratelimit: primary "127\.0\.0\.1:$p" of "rlmaster" .*, asking the sentinels again/,
     'and the loss');
+like($log, qr/ratelimit: primary "127\.0\.0\.1:$r" of "rlmaster" closed the connection, asking the sentinels again/,
+    'an idle connection cut by the server (as Sentinel does when it reconfigures) is asked about too');
 unlike($log, qr/sentinels name "127\.0\.0\.1:$p".*\n(?s:.*)sentinels name "127\.0\.0\.1:$r".*\n(?s:.*)sentinels name "127\.0\.0\.1:$p"/,
     'the stale master was never named again');
 check_no_alerts($log, 'failover');

@@ -128,7 +128,7 @@ impl Conn {
                 setting_up: 0,
                 flush_ev: core::mem::zeroed(),
             });
-            if (*pool).breaker.failing() {
+            if (*pool).reported() {
                 // nginx logs each failed connect() itself; an outage was already reported.
                 conn.log.log_level = NGX_LOG_EMERG as _;
             }
@@ -475,6 +475,11 @@ impl Conn {
         if eof {
             // Redis closing an idle connection (its `timeout`, a restart) is no outage.
             let busy = !conn.sent.is_empty() || !conn.queued.is_empty();
+            if !busy {
+                // Still news for a Sentinel group: Sentinel cuts the clients of a node it
+                // reconfigures, and a primary killed and restarted meanwhile is stale.
+                pool.closed_idle();
+            }
             return Conn::close(this, RedisError::Closed, busy);
         }
         if replace {

@@ -137,6 +137,9 @@ pub struct NodePool {
     watcher: Option<Watcher>,
     /// A Cluster's error reply was logged: once is enough to say what is wrong.
     cluster_logged: bool,
+    /// The outage was reported already (by a former pool for the same address, a primary
+    /// named again after it failed): failures are not logged until the node answers.
+    quiet: bool,
 }
 
 impl NodePool {
@@ -157,6 +160,7 @@ impl NodePool {
             probe: None,
             watcher: None,
             cluster_logged: false,
+            quiet: false,
         });
         let p = Box::into_raw(pool);
         // SAFETY: `p` is the fresh, pinned allocation; the cycle log outlives the worker.
@@ -168,6 +172,16 @@ impl NodePool {
             (*p).probe_ev.set_cancelable(1);
             NonNull::new_unchecked(p)
         }
+    }
+
+    /// Its failures are not logged until it answers: they continue an outage already reported.
+    pub fn quiet(&mut self) {
+        self.quiet = true;
+    }
+
+    /// Whether a failure now is part of an outage already logged.
+    pub(super) fn reported(&self) -> bool {
+        self.quiet || self.breaker.failing()
     }
 
     /// Who is told of this node's failures; `None` stops telling (a replaced primary).
@@ -316,7 +330,7 @@ impl NodePool {
     pub(super) fn failed(&mut self, why: &RedisError) {
         self.metrics.failure(why.kind());
         let name = self.addr.name.clone();
-        if !self.breaker.failing() {
+        if !self.reported() {
             ngx_log_error!(
                 NGX_LOG_ERR,
                 log(),
@@ -341,6 +355,14 @@ impl NodePool {
                 // it frees nothing while this node is borrowed.
                 unsafe { told(owner, NonNull::from(&mut *self), why) };
             }
+        }
+    }
+
+    /// The server closed an idle connection: no failure, but a watcher wants to know.
+    pub(super) fn closed_idle(&mut self) {
+        if let Some((owner, told)) = self.watcher {
+            // SAFETY: as in `failed`.
+            unsafe { told(owner, NonNull::from(&mut *self), &RedisError::Closed) };
         }
     }
 
@@ -423,6 +445,7 @@ impl NodePool {
             return false;
         }
         let was_failing = self.breaker.failing();
+        self.quiet = false;
         self.breaker.success();
         self.breaker_gauge(false);
         if was_failing {

@@ -54,6 +54,10 @@ pub struct Sentinel {
     last_ask: u64,
     /// Asks (again), and frees idle former primaries.
     ev: ngx_event_t,
+    /// The primary that failed last, until a primary is verified: named again, it is not
+    /// announced again, nor are its failures logged again (the sentinels keep naming a dead
+    /// primary until they agree it is down, a second or more).
+    lost_addr: Option<String>,
     /// Once per outage each: no sentinel knows the name; none answered.
     unknown_logged: bool,
     unanswered_logged: bool,
@@ -82,6 +86,7 @@ impl Sentinel {
             last_ask: 0,
             // SAFETY: an all-zero event is nginx's own initial state for one.
             ev: unsafe { core::mem::zeroed() },
+            lost_addr: None,
             unknown_logged: false,
             unanswered_logged: false,
         }));
@@ -202,13 +207,17 @@ impl Sentinel {
             );
             return;
         };
-        ngx_log_error!(
-            NGX_LOG_NOTICE,
-            log(),
-            "ratelimit: sentinels name \"{addr}\" the primary of \"{}\"",
-            (*s).name()
-        );
         let node = NodePool::create((*s).conf(), learned, (*s).metrics, Role::Primary);
+        if (*s).lost_addr.as_deref() == Some(addr) {
+            (*node.as_ptr()).quiet();
+        } else {
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log(),
+                "ratelimit: sentinels name \"{addr}\" the primary of \"{}\"",
+                (*s).name()
+            );
+        }
         (*node.as_ptr()).watch(Some((s as *mut c_void, lost)));
         (*s).primary = Some(node);
         // Opens the first connection now, so that the first decision does not pay for it;
@@ -310,6 +319,7 @@ unsafe fn verified(owner: *mut c_void, result: Result<Reply, RedisError>) {
     let s = owner as *mut Sentinel;
     let Some((_, node)) = (*s).verifying.take() else { return };
     if (*s).primary == Some(node) && matches!(result, Ok(Reply::Status(_))) {
+        (*s).lost_addr = None;
         ngx_log_error!(
             NGX_LOG_NOTICE,
             log(),
@@ -331,13 +341,16 @@ unsafe fn lost(owner: *mut c_void, node: NonNull<NodePool>, why: &RedisError) {
     }
     (*s).primary = None;
     (*s).retired.push(node);
-    ngx_log_error!(
-        NGX_LOG_WARN,
-        log(),
-        "ratelimit: primary \"{}\" of \"{}\" {why}, asking the sentinels again",
-        (*node.as_ptr()).name(),
-        (*s).name()
-    );
+    let name = (*node.as_ptr()).name();
+    if (*s).lost_addr.as_deref() != Some(name) {
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            log(),
+            "ratelimit: primary \"{name}\" of \"{}\" {why}, asking the sentinels again",
+            (*s).name()
+        );
+        (*s).lost_addr = Some(name.to_owned());
+    }
     // An answer given before the failure may name the failed node: it must not count.
     if let Some((q, _)) = (*s).asking.take() {
         Query::cancel(q);
