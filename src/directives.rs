@@ -208,38 +208,40 @@ unsafe extern "C" fn cmd_redis(
     for arg in &args[1 + addrs..] {
         let s = text(arg);
         let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
-        let ok = match sentinel.parse(name, value) {
-            Some(Ok(ok)) => ok,
+        match sentinel.parse(name, value) {
+            Some(Ok(Some(()))) => continue,
+            Some(Ok(None)) => return invalid(cf, "value", s),
             Some(Err(())) => return invalid(cf, "empty parameter", name),
-            None => match name {
-                "pool_size" => parse_uint(value, 1, 4096).map(|n| redis.pool_size = n as usize),
-                "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| redis.timeout = t as _),
-                "connect_timeout" => {
-                    parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
-                }
-                "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
-                "fail_threshold" => {
-                    parse_uint(value, 1, 1_000_000).map(|n| redis.fail_threshold = n as u32)
-                }
-                "fail_backoff" => {
-                    parse_msec(value).filter(|&t| t > 0).map(|t| redis.fail_backoff = t as _)
-                }
-                "prefix" => {
-                    redis.prefix = value.as_bytes().to_vec();
-                    Some(())
-                }
-                "user" if !value.is_empty() => {
-                    user = Some(value);
-                    Some(())
-                }
-                "password" if !value.is_empty() => {
-                    password = Some(value);
-                    Some(())
-                }
-                // The value is a secret: name the parameter, never echo it.
-                "user" | "password" => return invalid(cf, "empty parameter", name),
-                _ => return invalid(cf, "parameter", s),
-            },
+            None => {}
+        }
+        let ok = match name {
+            "pool_size" => parse_uint(value, 1, 4096).map(|n| redis.pool_size = n as usize),
+            "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| redis.timeout = t as _),
+            "connect_timeout" => {
+                parse_msec(value).filter(|&t| t > 0).map(|t| connect_timeout = Some(t as _))
+            }
+            "keepalive_timeout" => parse_msec(value).map(|t| redis.keepalive_timeout = t as _),
+            "fail_threshold" => {
+                parse_uint(value, 1, 1_000_000).map(|n| redis.fail_threshold = n as u32)
+            }
+            "fail_backoff" => {
+                parse_msec(value).filter(|&t| t > 0).map(|t| redis.fail_backoff = t as _)
+            }
+            "prefix" => {
+                redis.prefix = value.as_bytes().to_vec();
+                Some(())
+            }
+            "user" if !value.is_empty() => {
+                user = Some(value);
+                Some(())
+            }
+            "password" if !value.is_empty() => {
+                password = Some(value);
+                Some(())
+            }
+            // The value is a secret: name the parameter, never echo it.
+            "user" | "password" => return invalid(cf, "empty parameter", name),
+            _ => return invalid(cf, "parameter", s),
         };
         if ok.is_none() {
             return invalid(cf, "value", s);
