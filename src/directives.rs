@@ -286,8 +286,14 @@ impl<'a> SentinelParams<'a> {
             "db" => parse_uint(value, 0, 65535).map(|n| self.db = Some(n)),
             "sentinel" => (!value.is_empty()).then(|| self.name = Some(value)),
             "sentinel_user" | "sentinel_password" if value.is_empty() => return Some(Err(())),
-            "sentinel_user" => Some(self.user = Some(value)),
-            "sentinel_password" => Some(self.password = Some(value)),
+            "sentinel_user" => {
+                self.user = Some(value);
+                Some(())
+            }
+            "sentinel_password" => {
+                self.password = Some(value);
+                Some(())
+            }
             _ => return None,
         };
         Some(Ok(ok))

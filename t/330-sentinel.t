@@ -123,21 +123,42 @@ cmp_ok($switch_to_first, '<', 1, 'the worker follows the switch within a second'
 # The old primary back with its old command line: a writable master that
 # Sentinel demotes only ~10 s later. Connections to the new primary are cut
 # meanwhile: the worker must ask again, not go back anywhere it remembers.
+# Sentinels sometimes see the new primary down for a moment right after the
+# switch (and may fail back): restart the old one once they are settled.
+sleep 0.1 while time < ($t_switch // time) + 1.5;
+ok(wait_until(5, sub { !grep { $named->($_) ne $r } @s }, 0.1), 'every sentinel names the new primary');
 spawn($p, @{ $argv{$p} });
 is(cmd($p, 'ROLE')->[0], 'master', 'the old primary is back as a master (stale)');
 my $stale_until = time + 3;
 my @during;
+# Only nginx's connections (unnamed, and what they last ran is ours): the
+# sentinels' own are named once set up, and cutting one of them while it is
+# being set up would make the sentinels fail over again.
+sub cut_nginx {
+    my $c = client($r);
+    for (split /\n/, $c->cmd('CLIENT', 'LIST')) {
+        my %f = map { /^([^=]+)=(.*)$/ ? ($1, $2) : () } split / /;
+        next unless ($f{name} // '') eq '' && $f{flags} eq 'N';
+        $c->cmd('CLIENT', 'KILL', 'ID', $f{id}) if $f{cmd} =~ /^(evalsha|ping|role|select|script\|load)$/;
+    }
+}
 while (time < $stale_until) {
-    cmd($r, 'CLIENT', 'KILL', 'TYPE', 'normal');
+    cut_nginx();
     push @during, rl(http_get('/t?k=s' . $i++)) for 1 .. 5;
     sleep 0.1;
 }
 my $passed = grep { $_ eq 'PASSED' } @during;
 cmp_ok($passed, '>', 0, "$passed of " . scalar(@during) . ' decided by Redis while the stale master was up');
-my $stats = cmd($p, 'INFO', 'commandstats');
-unlike($stats, qr/cmdstat_(evalsha|eval|script)/, 'none of them went to the stale master');
-is(cmd($p, 'DBSIZE'), 0, 'whose keyspace stays empty');
-like(cmd($r, 'INFO', 'commandstats'), qr/cmdstat_evalsha/, 'they went to the new primary');
+SKIP: {
+    # Had the sentinels failed back to the old primary, decisions there would be right.
+    skip 'the sentinels failed back to the old primary meanwhile', 4 if $named->() ne $r;
+    is(cmd($p, 'ROLE')->[0], 'master', 'the old primary is still a stale master') or
+        diag('demoted already: the checks below prove less');
+    my $stats = cmd($p, 'INFO', 'commandstats');
+    unlike($stats, qr/cmdstat_(evalsha|eval|script)/, 'none of them went to the stale master');
+    is(cmd($p, 'DBSIZE'), 0, 'whose keyspace stays empty');
+    like(cmd($r, 'INFO', 'commandstats'), qr/cmdstat_evalsha/, 'they went to the new primary');
+}
 
 ok(stop_nginx(), 'nginx quits gracefully');
 my $log = error_log_text();
@@ -148,7 +169,7 @@ like($log, qr/ratelimit: primary "127\.0\.0\.1:$p" of "rlmaster" .*, asking the 
 like($log, qr/ratelimit: primary "127\.0\.0\.1:$r" of "rlmaster" closed the connection, asking the sentinels again/,
     'an idle connection cut by the server (as Sentinel does when it reconfigures) is asked about too');
 unlike($log, qr/sentinels name "127\.0\.0\.1:$p".*\n(?s:.*)sentinels name "127\.0\.0\.1:$r".*\n(?s:.*)sentinels name "127\.0\.0\.1:$p"/,
-    'the stale master was never named again');
+    'the stale master was never named again') if $named->() eq $r;
 check_no_alerts($log, 'failover');
 
 # Sentinels that want a password: sentinel_password= (separate from the data

@@ -232,10 +232,15 @@ impl NodePool {
         steps.into_iter().filter_map(|(step, bytes)| Some((step, bytes?)))
     }
 
-    /// A set-up command's reply: any error (`WRONGPASS`, `ERR DB index is out of range`), or a
+    /// A set-up command's reply: an error (`WRONGPASS`, `ERR DB index is out of range`), or a
     /// `ROLE` other than `master`, fails the connection and counts for the breaker.
     pub(super) fn set_up(&mut self, step: Setup, reply: &Reply) -> Result<(), RedisError> {
         match (step, reply) {
+            // A Redis with no password set answers `AUTH` with an `ERR` and serves anyway.
+            (Setup::Auth, Reply::Error(e)) if !breaker::unusable(e) => {
+                self.metrics.error_reply(e);
+                Ok(())
+            }
             (_, Reply::Error(e)) => {
                 self.metrics.error_reply(e);
                 Err(RedisError::Refused(String::from_utf8_lossy(e).into_owned()))
