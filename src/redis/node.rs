@@ -352,7 +352,11 @@ impl NodePool {
                 self.conf().fail_threshold,
                 self.breaker.backoff()
             );
-            self.arm_probe();
+            if self.watcher.is_none() {
+                // A watched node (a Sentinel group's primary) is replaced on its first
+                // failure instead: probing it would only reconnect to what was dropped.
+                self.arm_probe();
+            }
         }
         if let Some((owner, told)) = self.watcher {
             if *why != RedisError::Overloaded {
