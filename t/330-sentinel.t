@@ -175,11 +175,22 @@ check_no_alerts($log, 'failover');
 # Sentinels that want a password: sentinel_password= (separate from the data
 # nodes' password=), and a wrong one.
 cmd($_, 'ACL', 'SETUSER', 'default', '>sentinel-S3cret') for @s;
-start_nginx(http_config => http_conf('sentinel=rlmaster sentinel_password=sentinel-S3cret'),
+start_nginx(http_config => http_conf('sentinel=rlmaster sentinel_password=sentinel-S3cret db=2'),
     config => $config, log_level => 'debug');
 ok(wait_until(5, sub { rl(http_get('/t?k=pw')) eq 'PASSED' }, 0.02), 'sentinel_password: decided');
 @st = map { rl(http_get('/t?k=pw')) } 1 .. 3;
 is("@st", 'PASSED PASSED REJECTED', 'sentinel_password: the exact limit');
+# (The sentinels want the password now: count on the data nodes that are
+# masters, not on a replica that copied them.)
+my %in;
+for my $db (0, 2) {
+    for my $port (grep { cmd($_, 'ROLE')->[0] eq 'master' } $r, $p) {
+        my $c = client($port);
+        $c->cmd('SELECT', $db);
+        $in{$db} += $c->cmd('ZCARD', 'rl:api:pw');
+    }
+}
+is("$in{2} $in{0}", '3 0', 'db=2 through Sentinel: the entries are in db 2, none in db 0');
 ok(stop_nginx(), 'nginx quits gracefully');
 $log = error_log_text();
 unlike($log, qr/S3cret/, 'the sentinel password is not in the debug log');
