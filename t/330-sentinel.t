@@ -172,10 +172,21 @@ unlike($log, qr/sentinels name "127\.0\.0\.1:$p".*\n(?s:.*)sentinels name "127\.
     'the stale master was never named again') if $named->() eq $r;
 check_no_alerts($log, 'failover');
 
-# Sentinels that want a password: sentinel_password= (separate from the data
-# nodes' password=), and a wrong one.
+# Sentinels that want a password: sentinel_password=, separate from the data
+# nodes' password=; and a wrong one.
 cmd($_, 'ACL', 'SETUSER', 'default', '>sentinel-S3cret') for @s;
-start_nginx(http_config => http_conf('sentinel=rlmaster sentinel_password=sentinel-S3cret db=2'),
+# The data nodes want another one: each connection must use its own.
+for my $sp (@s) {
+    my $c = RLTest::Redis::Client->new(port => $sp, name => 'rltest');
+    $c->cmd('AUTH', 'sentinel-S3cret');
+    $c->cmd('SENTINEL', 'SET', 'rlmaster', 'auth-pass', 'data-S3cret');
+}
+for my $port ($r, $p) {
+    cmd($port, 'CONFIG', 'SET', 'masterauth', 'data-S3cret');
+    cmd($port, 'CONFIG', 'SET', 'requirepass', 'data-S3cret');
+}
+start_nginx(http_config => http_conf('sentinel=rlmaster sentinel_password=sentinel-S3cret '
+    . 'password=data-S3cret db=2'),
     config => $config, log_level => 'debug');
 ok(wait_until(5, sub { rl(http_get('/t?k=pw')) eq 'PASSED' }, 0.02), 'sentinel_password: decided');
 @st = map { rl(http_get('/t?k=pw')) } 1 .. 3;
@@ -184,16 +195,19 @@ is("@st", 'PASSED PASSED REJECTED', 'sentinel_password: the exact limit');
 # masters, not on a replica that copied them.)
 my %in;
 for my $db (0, 2) {
-    for my $port (grep { cmd($_, 'ROLE')->[0] eq 'master' } $r, $p) {
-        my $c = client($port);
+    for my $port ($r, $p) {
+        my $c = RLTest::Redis::Client->new(port => $port);
+        $c->cmd('AUTH', 'data-S3cret');
+        next unless $c->cmd('ROLE')->[0] eq 'master';
         $c->cmd('SELECT', $db);
         $in{$db} += $c->cmd('ZCARD', 'rl:api:pw');
     }
 }
-is("$in{2} $in{0}", '3 0', 'db=2 through Sentinel: the entries are in db 2, none in db 0');
+is("$in{2} $in{0}", '3 0', 'password= and db=2 for the primary, sentinel_password= for the '
+    . 'sentinels: the entries are in db 2, none in db 0');
 ok(stop_nginx(), 'nginx quits gracefully');
 $log = error_log_text();
-unlike($log, qr/S3cret/, 'the sentinel password is not in the debug log');
+unlike($log, qr/S3cret/, 'neither password is in the debug log');
 check_no_alerts($log, 'sentinel password');
 
 start_nginx(http_config => http_conf('sentinel=rlmaster sentinel_password=wrong-S3cret'),
