@@ -236,6 +236,20 @@ cmp_ok(scalar @unknown, '>=', 1, 'says so');
 cmp_ok(scalar @unknown, '<=', 1, 'once') or diag(join "\n", @unknown);
 check_no_alerts($log, 'unknown group');
 
+# A plain Redis given as a sentinel (the harness's own): said once.
+start_nginx(config => $config, http_config => <<'EOF');
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT sentinel=rlmaster;
+    ratelimit_zone api key=$arg_k limit=3 window=60s;
+EOF
+sleep 0.5;
+is(rl(http_get('/t?k=plain')), 'FAILED_OPEN', 'a plain Redis as a sentinel: ratelimit_fail');
+ok(stop_nginx(), 'nginx quits gracefully');
+$log = error_log_text();
+my @odd = $log =~ /ratelimit: sentinel "127\.0\.0\.1:\d+" replied "ERR unknown command/g;
+is(scalar @odd, 1, 'its error reply is logged once, not at every question') or diag(join "\n", @odd);
+like($log, qr/no sentinel of group "rlmaster" answered/, 'with the outage');
+check_no_alerts($log, 'not a sentinel');
+
 # nginx -t.
 for my $case (
     ['sentinel=', qr/invalid value "sentinel=" in "ratelimit_redis" directive/],

@@ -19,6 +19,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
+use super::breaker;
 use super::node::{Addr, NodePool, Role};
 use super::pool::{log, now, RedisError};
 use super::query::Query;
@@ -287,29 +288,33 @@ unsafe fn answered(owner: *mut c_void, result: Result<Reply, RedisError>) {
             }
         }
         // Failures were counted (and the first logged) by that sentinel's node; an error
-        // reply is logged here, as it says nothing of the network.
-        other => {
-            if let Ok(Reply::Error(e)) = &result {
-                ngx_log_error!(
-                    NGX_LOG_ERR,
-                    log(),
-                    "ratelimit: sentinel \"{}\" replied \"{}\"",
-                    (*sentinel.as_ptr()).name(),
-                    String::from_utf8_lossy(e)
-                );
-            } else if matches!(other, Ok(MasterAddr::Other)) {
-                ngx_log_error!(
-                    NGX_LOG_ERR,
-                    log(),
-                    "ratelimit: sentinel \"{}\" gave an unexpected answer",
-                    (*sentinel.as_ptr()).name()
-                );
+        // reply (not a sentinel: `ERR unknown command`) or a strange one is logged here,
+        // once per outage like the rest.
+        _ if (*s).unanswered_logged => Sentinel::ask(s, i + 1),
+        _ => {
+            match &result {
+                // `NOAUTH`, `WRONGPASS`: the node logged them as failures already.
+                Ok(Reply::Error(e)) if breaker::unusable(e) => {}
+                Ok(Reply::Error(e)) => {
+                    ngx_log_error!(
+                        NGX_LOG_ERR,
+                        log(),
+                        "ratelimit: sentinel \"{}\" replied \"{}\"",
+                        (*sentinel.as_ptr()).name(),
+                        String::from_utf8_lossy(e)
+                    );
+                }
+                Ok(_) => {
+                    ngx_log_error!(
+                        NGX_LOG_ERR,
+                        log(),
+                        "ratelimit: sentinel \"{}\" gave an unexpected answer",
+                        (*sentinel.as_ptr()).name()
+                    );
+                }
+                Err(_) => {}
             }
-            if i + 1 < (*s).sentinels.len() {
-                Sentinel::ask(s, i + 1);
-            } else {
-                Sentinel::ask(s, (*s).sentinels.len());
-            }
+            Sentinel::ask(s, i + 1);
         }
     }
 }
