@@ -184,9 +184,9 @@ impl NodePool {
         self.quiet || self.breaker.failing()
     }
 
-    /// Who is told of this node's failures; `None` stops telling (a replaced primary).
-    pub fn watch(&mut self, watcher: Option<Watcher>) {
-        self.watcher = watcher;
+    /// Who is told of this node's failures, and of idle connections it closes.
+    pub fn watch(&mut self, watcher: Watcher) {
+        self.watcher = Some(watcher);
     }
 
     /// Closes every connection and frees the pool; no request may be pending on it.
@@ -415,8 +415,8 @@ impl NodePool {
         self.arm_probe();
     }
 
-    /// No more probes: the pool goes away, or is no longer asked (a replaced primary).
-    pub fn stop_probing(&mut self) {
+    /// No more probes: the pool goes away.
+    fn stop_probing(&mut self) {
         if self.probe_ev.timer_set() != 0 {
             // SAFETY: the timer is this pool's own and set.
             unsafe { ngx_del_timer(&mut self.probe_ev) };
@@ -495,7 +495,8 @@ unsafe fn probe_done(owner: *mut c_void, result: Result<Reply, RedisError>) {
     // SAFETY: the pool cancels its probe before it goes, so it is alive when this runs.
     let node = &mut *(owner as *mut NodePool);
     node.probe = None;
-    if !matches!(result, Ok(ref r) if !matches!(r, Reply::Error(_))) {
-        node.probe_failed();
+    match result {
+        Ok(Reply::Error(_)) | Err(_) => node.probe_failed(),
+        Ok(_) => {}
     }
 }

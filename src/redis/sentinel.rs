@@ -59,7 +59,8 @@ pub struct Sentinel {
     /// announced again, nor are its failures logged again (the sentinels keep naming a dead
     /// primary until they agree it is down, a second or more).
     lost_addr: Option<String>,
-    /// Once per outage each: no sentinel knows the name; none answered.
+    /// Once per outage each: no sentinel knows the name (or names a host, not an IP address);
+    /// none answered.
     unknown_logged: bool,
     unanswered_logged: bool,
 }
@@ -189,7 +190,7 @@ impl Sentinel {
     }
 
     /// A sentinel named `addr`: it becomes the primary, unless it already is.
-    unsafe fn adopt(s: *mut Sentinel, addr: &str) {
+    unsafe fn adopt(s: *mut Sentinel, addr: &str, learned: Addr) {
         if let Some(p) = (*s).primary {
             if (*p.as_ptr()).name() == addr {
                 return;
@@ -198,16 +199,6 @@ impl Sentinel {
             (*s).primary = None;
             (*s).retired.push(p);
         }
-        let Some(learned) = Addr::learned(addr) else {
-            // `resolve-hostnames yes`: the worker never waits for DNS.
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                log(),
-                "ratelimit: sentinels name \"{addr}\" the primary of \"{}\": not an IP address",
-                (*s).name()
-            );
-            return;
-        };
         let node = NodePool::create((*s).conf(), learned, (*s).metrics, Role::Primary);
         if (*s).lost_addr.as_deref() == Some(addr) {
             (*node.as_ptr()).quiet();
@@ -219,7 +210,7 @@ impl Sentinel {
                 (*s).name()
             );
         }
-        (*node.as_ptr()).watch(Some((s as *mut c_void, lost)));
+        (*node.as_ptr()).watch((s as *mut c_void, lost));
         (*s).primary = Some(node);
         // Opens the first connection now, so that the first decision does not pay for it;
         // a failure here reaches `lost` like any other.
@@ -238,7 +229,6 @@ impl Sentinel {
             if (*node.as_ptr()).idle() && !waiting {
                 NodePool::destroy(node);
             } else {
-                (*node.as_ptr()).stop_probing();
                 (*s).retired.push(node);
             }
         }
@@ -264,9 +254,23 @@ unsafe fn answered(owner: *mut c_void, result: Result<Reply, RedisError>) {
             // The one that answered is asked first next time.
             let node = (*s).sentinels.remove(i);
             (*s).sentinels.insert(0, node);
-            (*s).unknown_logged = false;
             (*s).unanswered_logged = false;
-            Sentinel::adopt(s, &addr);
+            // Only IP addresses (not `resolve-hostnames yes`): the worker never waits for DNS.
+            let Some(learned) = Addr::learned(&addr) else {
+                if !(*s).unknown_logged {
+                    (*s).unknown_logged = true;
+                    ngx_log_error!(
+                        NGX_LOG_ERR,
+                        log(),
+                        "ratelimit: sentinels name \"{addr}\" the primary of \"{}\": not an IP \
+                         address, requests follow ratelimit_fail",
+                        (*s).name()
+                    );
+                }
+                return Sentinel::arm_next(s, true);
+            };
+            (*s).unknown_logged = false;
+            Sentinel::adopt(s, &addr, learned);
             Sentinel::arm_next(s, false);
         }
         Ok(MasterAddr::Unknown) => {
