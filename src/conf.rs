@@ -57,6 +57,14 @@ pub struct SeedAddr {
     pub is_unix: bool,
 }
 
+pub struct SentinelConf {
+    /// The group's name, as in the sentinels' `sentinel monitor NAME ...`.
+    pub name: String,
+    /// `AUTH` for the sentinels themselves (`sentinel_password=`, `sentinel_user=`); the
+    /// primary's is `RedisConf::auth`. Never logged.
+    pub auth: Option<Vec<u8>>,
+}
+
 pub struct RedisConf {
     /// Points into the configuration cycle's pool, which outlives every worker's use.
     pub sockaddr: *mut sockaddr,
@@ -75,6 +83,10 @@ pub struct RedisConf {
     pub prefix: Vec<u8>,
     /// `AUTH [user] password`, RESP-encoded, sent first on every connection. Never logged.
     pub auth: Option<Vec<u8>>,
+    /// `SELECT db` (`db=`), RESP-encoded, sent after `AUTH` on every data connection.
+    pub select: Option<Vec<u8>>,
+    /// `sentinel=NAME`: the addresses are sentinels, asked for the primary of this group.
+    pub sentinel: Option<SentinelConf>,
     /// Consecutive failures that open the circuit breaker.
     pub fail_threshold: u32,
     /// How long an open breaker lets no decision reach Redis.

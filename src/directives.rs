@@ -16,7 +16,8 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::conf::{
-    Clock, FailPolicy, KeyPiece, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr, Zone,
+    Clock, FailPolicy, KeyPiece, LimitRef, LocConf, MainConf, Param, RedisConf, SeedAddr,
+    SentinelConf, Zone,
 };
 use crate::headers::HeaderMode;
 use crate::key::{split_braces, tag_template, Piece};
@@ -200,6 +201,8 @@ unsafe extern "C" fn cmd_redis(
         keepalive_timeout: 60_000,
         prefix: b"rl:".to_vec(),
         auth: None,
+        select: None,
+        sentinel: None,
         fail_threshold: 3,
         fail_backoff: 1000,
         tls: None,
@@ -208,9 +211,16 @@ unsafe extern "C" fn cmd_redis(
     let mut tls_params = TlsParams::default();
     let mut connect_timeout = None;
     let (mut user, mut password) = (None, None);
+    let mut sentinel = SentinelParams::default();
     for arg in &args[1 + addrs..] {
         let s = text(arg);
         let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
+        match sentinel.parse(name, value) {
+            Some(Ok(Some(()))) => continue,
+            Some(Ok(None)) => return invalid(cf, "value", s),
+            Some(Err(())) => return invalid(cf, "empty parameter", name),
+            None => {}
+        }
         let ok = match name {
             "pool_size" => parse_uint(value, 1, 4096).map(|n| redis.pool_size = n as usize),
             "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| redis.timeout = t as _),
@@ -261,6 +271,9 @@ unsafe extern "C" fn cmd_redis(
         }
         (None, None) => {}
     }
+    if let Err(e) = sentinel.finish(cf, &mut redis) {
+        return e;
+    }
     if let Some(why) = topology_error(&redis) {
         ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"ratelimit_redis\" {why}");
         return NGX_CONF_ERROR as _;
@@ -275,15 +288,81 @@ unsafe extern "C" fn cmd_redis(
     NGX_CONF_OK
 }
 
-/// What is wrong with the addresses for the mode asked, if anything.
+/// What is wrong with the addresses and the mode asked, if anything.
 fn topology_error(redis: &RedisConf) -> Option<String> {
     let unix = redis.seeds.iter().find(|s| s.is_unix).map(|s| s.name.as_str());
+    let sentinel = redis.sentinel.is_some();
     match (redis.cluster, unix) {
-        (true, Some(addr)) => Some(format!("cannot use \"{addr}\" with \"cluster=on\"")),
-        (false, _) if redis.seeds.len() > 1 => {
-            Some(format!("has {} addresses: several need \"cluster=on\"", redis.seeds.len()))
+        (true, _) if sentinel => Some("cannot use \"sentinel=\" with \"cluster=on\"".into()),
+        (true, _) if redis.select.is_some() => {
+            Some("cannot use \"db=\" with \"cluster=on\": a cluster has one database".into())
         }
+        (true, Some(addr)) => Some(format!("cannot use \"{addr}\" with \"cluster=on\"")),
+        (false, _) if redis.seeds.len() > 1 && !sentinel => Some(format!(
+            "has {} addresses: several need \"cluster=on\" or \"sentinel=\"",
+            redis.seeds.len()
+        )),
         _ => None,
+    }
+}
+
+/// `db=` and Sentinel mode's parameters of `ratelimit_redis`.
+#[derive(Default)]
+struct SentinelParams<'a> {
+    db: Option<u64>,
+    name: Option<&'a str>,
+    user: Option<&'a str>,
+    password: Option<&'a str>,
+}
+
+impl<'a> SentinelParams<'a> {
+    /// `None` for a parameter not of this group; `Some(Err(()))` for an empty secret, which
+    /// must be named, never echoed; `Some(Ok(None))` for a bad value.
+    fn parse(&mut self, name: &str, value: &'a str) -> Option<Result<Option<()>, ()>> {
+        let ok = match name {
+            // Redis' own limit (`databases`, 16 by default) is checked by `SELECT` itself.
+            "db" => parse_uint(value, 0, 65535).map(|n| self.db = Some(n)),
+            "sentinel" => (!value.is_empty()).then(|| self.name = Some(value)),
+            "sentinel_user" | "sentinel_password" if value.is_empty() => return Some(Err(())),
+            "sentinel_user" => {
+                self.user = Some(value);
+                Some(())
+            }
+            "sentinel_password" => {
+                self.password = Some(value);
+                Some(())
+            }
+            _ => return None,
+        };
+        Some(Ok(ok))
+    }
+
+    unsafe fn finish(self, cf: *mut ngx_conf_t, redis: &mut RedisConf) -> Result<(), *mut c_char> {
+        let fail = |msg: &str| {
+            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{msg} of the \"ratelimit_redis\" directive");
+            NGX_CONF_ERROR as *mut c_char
+        };
+        if let Some(db) = self.db {
+            redis.select = Some(resp::command(&[b"SELECT", db.to_string().as_bytes()]));
+        }
+        let Some(name) = self.name else {
+            return match (self.user, self.password) {
+                (None, None) => Ok(()),
+                _ => Err(fail("\"sentinel_user=\" and \"sentinel_password=\" need \"sentinel=\"")),
+            };
+        };
+        if redis.seeds.iter().any(|s| s.is_unix) {
+            return Err(fail("\"sentinel=\" takes sentinels' host:port, not unix: sockets"));
+        }
+        let auth = match (self.user, self.password) {
+            (user, Some(password)) => Some(resp::auth_command(user, password)),
+            (Some(_), None) => {
+                return Err(fail("\"sentinel_user=\" needs \"sentinel_password=\""));
+            }
+            (None, None) => None,
+        };
+        redis.sentinel = Some(SentinelConf { name: name.to_owned(), auth });
+        Ok(())
     }
 }
 

@@ -88,9 +88,23 @@ pub static mut ngx_http_ratelimit_module: ngx_module_t = ngx_module_t {
     ctx: addr_of!(NGX_HTTP_RATELIMIT_MODULE_CTX) as _,
     commands: unsafe { addr_of_mut!(directives::COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as _,
+    init_process: Some(init_process),
     exit_process: Some(exit_process),
     ..ngx_module_t::default()
 };
+
+/// In Sentinel mode, asks the sentinels as soon as the worker starts: until one has named the
+/// primary, decisions follow `ratelimit_fail`, so the first requests should not have to wait
+/// for it. (A single server needs nothing ahead: its first connection opens with the first
+/// decision.)
+unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    if let Some(mcf) = RateLimit::main_conf(&*cycle) {
+        if mcf.redis.as_ref().is_some_and(|r| r.sentinel.is_some()) {
+            WorkerPool::get(mcf);
+        }
+    }
+    Status::NGX_OK.into()
+}
 
 /// Closes this worker's Redis connections before nginx looks for sockets left open, so a
 /// graceful exit or reload logs no "open socket left" alert.

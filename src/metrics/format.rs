@@ -57,7 +57,7 @@ const SERVER_COUNTERS: [(Counter, &str, &str); 3] = [
     (
         Counter::BreakerOpenings,
         "ratelimit_redis_breaker_openings_total",
-        "Times a worker's circuit breaker opened (or a probe failed).",
+        "Times a worker's circuit breaker opened.",
     ),
 ];
 

@@ -1,31 +1,32 @@
 //! The circuit breaker of one Redis server in one worker: after `threshold` consecutive
-//! failures Redis is not asked at all for `backoff`, then one decision probes it, and its
-//! outcome closes the breaker or opens it again. Pure, so every transition has a unit test.
+//! failures no decision reaches the server; a background probe (its node's timer, a `PING` on
+//! a connection of its own) asks it instead, first after `FIRST_PROBE_MS`, then after twice as
+//! long each time it fails, up to `backoff`; the first usable reply closes the breaker. So
+//! decisions go back to Redis within a probe interval of it answering again, while a dead
+//! server costs one connect per interval, not one per request. Pure, so every transition has a
+//! unit test; the timer and the probe itself live in the node.
+
+/// The first probe's delay after the breaker opens: a restarted Redis usually answers again
+/// within tens of milliseconds.
+pub const FIRST_PROBE_MS: u64 = 25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Closed,
+    /// Nothing asks the server; the next probe is due `delay` after the last one ended.
     Open {
-        until: u64,
+        delay: u64,
     },
-    /// One probe is out; everything else keeps failing fast until it answers.
-    HalfOpen,
-}
-
-/// Whether a decision may go to Redis now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
-    Yes,
-    /// Yes, as the one probe after a back-off.
-    Probe,
-    No,
+    /// The probe is out; everything else keeps failing fast until it answers.
+    Probing {
+        delay: u64,
+    },
 }
 
 /// A change of state worth one log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
     Opened,
-    Reopened,
     Closed,
 }
 
@@ -42,15 +43,9 @@ impl Breaker {
         Breaker { threshold: threshold.max(1), backoff_ms, failures: 0, state: State::Closed }
     }
 
-    pub fn admit(&mut self, now_ms: u64) -> Admit {
-        match self.state {
-            State::Closed => Admit::Yes,
-            State::Open { until } if now_ms >= until => {
-                self.state = State::HalfOpen;
-                Admit::Probe
-            }
-            State::Open { .. } | State::HalfOpen => Admit::No,
-        }
+    /// Whether a decision may go to the server now.
+    pub fn admit(&self) -> bool {
+        self.state == State::Closed
     }
 
     /// Redis answered something usable.
@@ -61,21 +56,51 @@ impl Breaker {
     }
 
     /// A refused connect, a timeout, a dropped connection or an error reply meaning that Redis
-    /// cannot serve decisions.
-    pub fn failure(&mut self, now_ms: u64) -> Option<Transition> {
+    /// cannot serve decisions. Once open, only the probe's outcome counts: late failures of
+    /// decisions already out change nothing.
+    pub fn failure(&mut self) -> Option<Transition> {
         self.failures = self.failures.saturating_add(1);
-        let open = State::Open { until: now_ms + self.backoff_ms };
         match self.state {
-            State::HalfOpen => {
-                self.state = open;
-                Some(Transition::Reopened)
-            }
             State::Closed if self.failures >= self.threshold => {
-                self.state = open;
+                self.state = State::Open { delay: FIRST_PROBE_MS.min(self.backoff_ms) };
                 Some(Transition::Opened)
             }
-            State::Closed | State::Open { .. } => None,
+            _ => None,
         }
+    }
+
+    /// When open with no probe out: how long to wait before the next probe.
+    pub fn probe_delay(&self) -> Option<u64> {
+        match self.state {
+            State::Open { delay } => Some(delay),
+            _ => None,
+        }
+    }
+
+    /// The timer fired: a probe goes out. False when there is nothing to probe (closed
+    /// meanwhile, or a probe is already out).
+    pub fn probe_started(&mut self) -> bool {
+        match self.state {
+            State::Open { delay } => {
+                self.state = State::Probing { delay };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The probe failed: the delay before the next one, twice the last, at most `backoff`.
+    /// `None` when no probe was out (a success closed the breaker meanwhile).
+    pub fn probe_failed(&mut self) -> Option<u64> {
+        let State::Probing { delay } = self.state else { return None };
+        let delay = delay.saturating_mul(2).min(self.backoff_ms);
+        self.state = State::Open { delay };
+        Some(delay)
+    }
+
+    /// The longest delay between probes: reached, probes fail at the old back-off's pace.
+    pub fn backoff(&self) -> u64 {
+        self.backoff_ms
     }
 
     /// True from the first failure until Redis answers again: while it holds, connect errors
@@ -103,6 +128,12 @@ pub fn unusable(error: &[u8]) -> bool {
     PREFIXES.iter().any(|p| error.starts_with(p))
 }
 
+/// Error replies only a Redis Cluster node gives: pointed at one without `cluster=on`, every
+/// decision whose keys live on another node gets one.
+pub fn from_cluster(error: &[u8]) -> bool {
+    [&b"MOVED "[..], b"ASK ", b"CLUSTERDOWN"].iter().any(|p| error.starts_with(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,40 +141,64 @@ mod tests {
     #[test]
     fn opens_after_threshold_consecutive_failures() {
         let mut b = Breaker::new(3, 1000);
-        assert_eq!(b.failure(0), None);
+        assert_eq!(b.failure(), None);
         assert_eq!(b.success(), None);
         assert!(!b.failing());
-        assert_eq!(b.failure(10), None);
-        assert_eq!(b.failure(20), None);
+        assert_eq!(b.failure(), None);
+        assert_eq!(b.failure(), None);
         assert!(b.failing());
-        assert_eq!(b.admit(25), Admit::Yes);
-        assert_eq!(b.failure(30), Some(Transition::Opened));
-        assert_eq!(b.admit(31), Admit::No);
-        assert_eq!(b.admit(1029), Admit::No);
+        assert!(b.admit());
+        assert_eq!(b.failure(), Some(Transition::Opened));
+        assert!(!b.admit());
+        assert_eq!(b.probe_delay(), Some(FIRST_PROBE_MS));
         // Late failures of decisions already out while it is open change nothing.
-        assert_eq!(b.failure(500), None);
-        assert_eq!(b.admit(1030), Admit::Probe);
-        assert_eq!(b.admit(1031), Admit::No, "one probe at a time");
-        assert_eq!(b.success(), Some(Transition::Closed));
-        assert_eq!(b.admit(1032), Admit::Yes);
+        assert_eq!(b.failure(), None);
+        assert_eq!(b.probe_delay(), Some(FIRST_PROBE_MS));
     }
 
     #[test]
-    fn a_failed_probe_opens_it_again() {
-        let mut b = Breaker::new(1, 500);
-        assert_eq!(b.failure(0), Some(Transition::Opened));
-        assert_eq!(b.admit(500), Admit::Probe);
-        assert_eq!(b.failure(700), Some(Transition::Reopened));
-        assert_eq!(b.admit(1199), Admit::No);
-        assert_eq!(b.admit(1200), Admit::Probe);
+    fn probes_back_off_up_to_the_backoff_and_a_success_closes() {
+        let mut b = Breaker::new(1, 1000);
+        assert_eq!(b.failure(), Some(Transition::Opened));
+        let mut delays = vec![b.probe_delay().unwrap()];
+        for _ in 0..8 {
+            assert!(b.probe_started());
+            assert!(!b.probe_started(), "one probe at a time");
+            assert_eq!(b.probe_delay(), None, "no timer while the probe is out");
+            // Failures reported meanwhile (the probe's own connection) do not count twice.
+            assert_eq!(b.failure(), None);
+            assert!(!b.admit(), "decisions keep failing fast while probing");
+            delays.push(b.probe_failed().unwrap());
+        }
+        assert_eq!(delays, [25, 50, 100, 200, 400, 800, 1000, 1000, 1000]);
+        assert!(b.probe_started());
         assert_eq!(b.success(), Some(Transition::Closed));
+        assert!(b.admit());
         assert!(!b.failing());
+        assert_eq!(b.probe_failed(), None, "a probe answered after the close changes nothing");
+        assert!(b.admit());
+    }
+
+    #[test]
+    fn any_usable_reply_closes_it_while_open() {
+        let mut b = Breaker::new(1, 1000);
+        b.failure();
+        assert_eq!(b.success(), Some(Transition::Closed));
+        assert_eq!(b.probe_delay(), None);
+        assert!(!b.probe_started(), "the pending timer finds nothing to probe");
+    }
+
+    #[test]
+    fn a_short_backoff_caps_the_first_delay() {
+        let mut b = Breaker::new(1, 10);
+        b.failure();
+        assert_eq!(b.probe_delay(), Some(10));
     }
 
     #[test]
     fn zero_threshold_means_one() {
         let mut b = Breaker::new(0, 10);
-        assert_eq!(b.failure(0), Some(Transition::Opened));
+        assert_eq!(b.failure(), Some(Transition::Opened));
     }
 
     #[test]
@@ -163,6 +218,16 @@ mod tests {
         }
         for e in ["WRONGTYPE Operation", "NOSCRIPT No matching script", "ERR ratelimit: bad"] {
             assert!(!unusable(e.as_bytes()), "{e}");
+        }
+    }
+
+    #[test]
+    fn cluster_errors() {
+        for e in ["MOVED 3999 127.0.0.1:7002", "ASK 3999 127.0.0.1:7002", "CLUSTERDOWN down"] {
+            assert!(from_cluster(e.as_bytes()), "{e}");
+        }
+        for e in ["ERR unknown", "ASKING", "READONLY You can't write"] {
+            assert!(!from_cluster(e.as_bytes()), "{e}");
         }
     }
 }

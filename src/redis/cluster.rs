@@ -15,7 +15,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
-use super::node::{Addr, NodePool};
+use super::node::{Addr, NodePool, Role};
 use super::pool::{log, now, RedisError};
 use super::query::Query;
 use super::resp::{self, Reply};
@@ -51,7 +51,10 @@ impl Cluster {
         let mut pools = Vec::new();
         for seed in &conf.seeds {
             let Ok(addr) = seed.name.parse::<NodeAddr>() else { continue };
-            pools.push((addr, NodePool::create(conf, Addr::configured(seed), metrics)));
+            pools.push((
+                addr,
+                NodePool::create(conf, Addr::configured(seed), metrics, Role::Cluster),
+            ));
         }
         let seeds = pools.len();
         let cluster = Box::new(Cluster {
@@ -87,7 +90,7 @@ impl Cluster {
     /// A failing node may have been replaced: each failure asks for the table (throttled).
     fn watch(&mut self, mut node: NonNull<NodePool>) {
         // SAFETY: the node is this cluster's, and the cluster is pinned and outlives it.
-        unsafe { node.as_mut().on_failure = Some((node_failed, self as *mut Cluster as _)) };
+        unsafe { node.as_mut().watch((self as *mut Cluster as _, node_failed)) };
     }
 
     /// # Safety
@@ -143,7 +146,7 @@ impl Cluster {
             }
             return Err(RedisError::Unavailable);
         };
-        let p = NodePool::create(self.conf(), a, self.metrics);
+        let p = NodePool::create(self.conf(), a, self.metrics, Role::Cluster);
         self.watch(p);
         self.pools.push((addr.clone(), p));
         Ok(p)
@@ -265,7 +268,7 @@ unsafe fn refreshed(owner: *mut c_void, result: Result<Reply, RedisError>) {
     c.arm(PERIOD - JITTER + jitter);
 }
 
-unsafe fn node_failed(cluster: *mut c_void) {
+unsafe fn node_failed(cluster: *mut c_void, _node: NonNull<NodePool>, _why: &RedisError) {
     (*(cluster as *mut Cluster)).refresh();
 }
 

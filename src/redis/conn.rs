@@ -47,13 +47,27 @@ struct Queued {
     cmd: Command,
 }
 
+/// A set-up command, sent first on every new connection; nothing else is written until each
+/// has been answered, as Redis answers an unauthenticated command of more than 10 arguments
+/// with a protocol error, not `NOAUTH`, and a decision must never reach the wrong database or
+/// a primary that is one no more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setup {
+    Auth,
+    Select,
+    /// Checked to say `master` (a Sentinel group's primary).
+    Role,
+}
+
 /// A command written and not yet answered.
 struct Sent {
     /// When it was written: its reply is due `timeout` later.
     at: ngx_msec_t,
-    /// How many of the oldest decisions in flight its reply answers; 0 for set-up whose reply
-    /// is dropped (`AUTH`, `SCRIPT LOAD`).
+    /// How many of the oldest decisions in flight its reply answers; 0 for commands whose
+    /// reply is dropped (`SCRIPT LOAD`, `ASKING`) and for set-up.
     decides: usize,
+    /// A set-up command: its reply is judged by the node.
+    setup: Option<Setup>,
     /// The same moment on a clock finer than nginx's ms, for the round-trip histogram.
     written: Instant,
 }
@@ -76,9 +90,8 @@ pub struct Conn {
     /// Commands written, oldest first: one reply each.
     sent: VecDeque<Sent>,
     next_seq: u64,
-    /// `AUTH` is on the wire: nothing follows it until it is accepted, as Redis answers an
-    /// unauthenticated command of more than 10 arguments with a protocol error, not `NOAUTH`.
-    authenticating: bool,
+    /// Set-up commands not answered yet: nothing else is written meanwhile.
+    setting_up: usize,
     /// Posted by the first command of an event-loop iteration; writes the whole batch.
     flush_ev: ngx_event_t,
 }
@@ -113,10 +126,10 @@ impl Conn {
                 in_flight: VecDeque::new(),
                 sent: VecDeque::new(),
                 next_seq: 0,
-                authenticating: conf.auth.is_some(),
+                setting_up: 0,
                 flush_ev: core::mem::zeroed(),
             });
-            if (*pool).breaker.failing() {
+            if (*pool).reported() {
                 // nginx logs each failed connect() itself; an outage was already reported.
                 conn.log.log_level = NGX_LOG_EMERG as _;
             }
@@ -155,16 +168,20 @@ impl Conn {
             } else {
                 conn.connected = true;
             }
-            if let Some(auth) = &conf.auth {
-                // First on the wire; its reply is checked by the pool like any other (a
-                // `WRONGPASS` counts as a failure) and then dropped. Its deadline runs from
-                // the connect, as it is written as soon as the connection is.
-                conn.out.extend_from_slice(auth);
+            // First on the wire, in one write (they are short, so Redis accepts them before
+            // authentication); each reply is checked by the node. Their deadline runs from the
+            // connect, as they are written as soon as the connection is.
+            for (step, bytes) in (*pool).setup() {
+                conn.out.extend_from_slice(bytes);
                 conn.sent.push_back(Sent {
                     at: ngx_current_msec,
                     decides: 0,
+                    setup: Some(step),
                     written: Instant::now(),
                 });
+                conn.setting_up += 1;
+            }
+            if conn.setting_up > 0 {
                 ngx_add_timer((*c).read, conf.timeout);
             }
             if !(*pool).addr.is_unix {
@@ -245,7 +262,7 @@ impl Conn {
     /// `MAX_BATCH_BYTES` each, all of one Cluster slot; a raw command, or a decision after
     /// `ASK`, alone. A batch only ever holds what was queued already: nothing waits for more.
     fn fill(&mut self) {
-        if self.authenticating {
+        if self.setting_up > 0 {
             return;
         }
         // SAFETY: a worker's cached clock, read on its only thread.
@@ -259,7 +276,7 @@ impl Conn {
             if let Payload::Raw(bytes) = head.payload {
                 // SAFETY: a queued command is pending, and its owner keeps its bytes meanwhile.
                 self.out.extend_from_slice(unsafe { bytes.as_ref() });
-                self.sent.push_back(Sent { at: now, decides: 1, written });
+                self.sent.push_back(Sent { at: now, decides: 1, setup: None, written });
                 metrics.gauge(Gauge::InFlight, 1);
                 let q = self.queued.pop_front().expect("head");
                 self.in_flight.push_back((q.seq, Some(q.waiter)));
@@ -287,16 +304,16 @@ impl Conn {
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
                 script::write_script_load(&mut self.out, script::script());
-                self.sent.push_back(Sent { at: now, decides: 0, written });
+                self.sent.push_back(Sent { at: now, decides: 0, setup: None, written });
                 metrics.count(Counter::ScriptLoads);
             }
             if head.asking {
                 // Lets the importing node serve the next command only; its `+OK` is dropped.
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
-                self.sent.push_back(Sent { at: now, decides: 0, written });
+                self.sent.push_back(Sent { at: now, decides: 0, setup: None, written });
             }
             script::write_batch(&mut self.out, script::script(), &batch);
-            self.sent.push_back(Sent { at: now, decides: batch.len(), written });
+            self.sent.push_back(Sent { at: now, decides: batch.len(), setup: None, written });
             metrics.gauge(Gauge::InFlight, batch.len() as i64);
             for q in self.queued.drain(..batch.len()) {
                 self.in_flight.push_back((q.seq, Some(q.waiter)));
@@ -411,16 +428,23 @@ impl Conn {
                         let Some(sent) = conn.sent.pop_front() else {
                             return Conn::close(this, RedisError::UnexpectedReply, true);
                         };
-                        replace |= pool.replied(&reply, late);
-                        if sent.decides == 0 {
-                            if conn.authenticating {
-                                // Accepted (a refusal replaced the connection): send the rest.
-                                conn.authenticating = false;
+                        if let Some(step) = sent.setup {
+                            if let Err(why) = pool.set_up(step, &reply) {
+                                // What waits here follows the fail policy; a new connection
+                                // tries again (or a Sentinel group asks for its primary).
+                                return Conn::close(this, why, true);
+                            }
+                            conn.setting_up -= 1;
+                            if conn.setting_up == 0 {
                                 ngx_post_event(
                                     &mut conn.flush_ev,
                                     ptr::addr_of_mut!(ngx_posted_events),
                                 );
                             }
+                            continue;
+                        }
+                        replace |= pool.replied(&reply, late);
+                        if sent.decides == 0 {
                             continue;
                         }
                         let n = sent.decides;
@@ -458,6 +482,11 @@ impl Conn {
         if eof {
             // Redis closing an idle connection (its `timeout`, a restart) is no outage.
             let busy = !conn.sent.is_empty() || !conn.queued.is_empty();
+            if !busy {
+                // Still news for a Sentinel group: Sentinel cuts the clients of a node it
+                // reconfigures, and a primary killed and restarted meanwhile is stale.
+                pool.closed_idle();
+            }
             return Conn::close(this, RedisError::Closed, busy);
         }
         if replace {

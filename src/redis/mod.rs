@@ -13,6 +13,8 @@ pub mod pool;
 #[cfg(not(test))]
 mod query;
 pub mod resp;
+#[cfg(not(test))]
+mod sentinel;
 pub mod slot;
 #[cfg(not(test))]
 pub mod tls;

@@ -7,14 +7,16 @@ use core::ptr::NonNull;
 use std::net::SocketAddr;
 
 use ngx::ffi::{
-    sa_family_t, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t, AF_INET,
-    AF_INET6, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    ngx_add_timer, ngx_cycle, ngx_del_timer, ngx_event_t, sa_family_t, sockaddr, sockaddr_in,
+    sockaddr_in6, sockaddr_storage, socklen_t, AF_INET, AF_INET6, NGX_LOG_ERR, NGX_LOG_INFO,
+    NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::ngx_log_error;
 
-use super::breaker::{self, Admit, Breaker, Transition};
-use super::conn::{Conn, MAX_OUTSTANDING};
-use super::pool::{log, now, Command, RedisError, Token, Waiter};
+use super::breaker::{self, Breaker, Transition};
+use super::conn::{Conn, Setup, MAX_OUTSTANDING};
+use super::pool::{log, Command, RedisError, Token, Waiter};
+use super::query::Query;
 use super::resp::Reply;
 use crate::conf::{RedisConf, SeedAddr};
 use crate::metrics::{Counter, Gauge, Metrics};
@@ -90,8 +92,25 @@ impl Addr {
     }
 }
 
-/// A function and its data, called on each failure of a node.
-pub type Hook = (unsafe fn(*mut c_void), *mut c_void);
+/// What a node is to this worker; it decides what each new connection sends first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The one data server: `AUTH`, `SELECT`.
+    Single,
+    /// A Sentinel group's primary: `AUTH`, `SELECT`, then `ROLE` must say `master`.
+    Primary,
+    /// A sentinel: its own `AUTH`, nothing else.
+    Sentinel,
+    /// A node of a Redis Cluster: `AUTH` (a cluster has one database).
+    Cluster,
+}
+
+/// `ROLE`, the last set-up command on a connection to a Sentinel group's primary.
+const ROLE: &[u8] = b"*1\r\n$4\r\nROLE\r\n";
+const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+
+/// Told of each failure of a node (a Sentinel group, of its primary's): the owner, the node.
+pub type Watcher = (*mut c_void, unsafe fn(*mut c_void, NonNull<NodePool>, &RedisError));
 
 pub struct NodePool {
     pub(super) conf: *const RedisConf,
@@ -99,27 +118,66 @@ pub struct NodePool {
     pub(super) conns: Vec<NonNull<Conn>>,
     pub(super) breaker: Breaker,
     pub(super) metrics: Metrics,
+    role: Role,
     /// This node is counted in the `BreakerOpen` gauge.
     breaker_open: bool,
-    /// Told of every failure: a Cluster node that fails may have been replaced.
-    pub(super) on_failure: Option<Hook>,
+    /// Sends the next background probe while the breaker is open.
+    probe_ev: ngx_event_t,
+    /// The probe on the wire.
+    probe: Option<NonNull<Query>>,
+    watcher: Option<Watcher>,
+    /// A Cluster's error reply was logged: once is enough to say what is wrong.
+    cluster_logged: bool,
+    /// The outage was reported already (by a former pool for the same address, a primary
+    /// named again after it failed): failures are not logged until the node answers.
+    quiet: bool,
 }
 
 impl NodePool {
     /// A node pool, boxed and leaked: connections point back to it, so it must not move. It
     /// is freed by [`NodePool::destroy`].
-    pub fn create(conf: &RedisConf, addr: Addr, metrics: Metrics) -> NonNull<NodePool> {
+    pub fn create(conf: &RedisConf, addr: Addr, metrics: Metrics, role: Role) -> NonNull<NodePool> {
         let breaker = Breaker::new(conf.fail_threshold, conf.fail_backoff as u64);
-        let pool = NodePool {
+        let pool = Box::new(NodePool {
             conf,
             addr,
             conns: Vec::new(),
             breaker,
             metrics,
+            role,
             breaker_open: false,
-            on_failure: None,
-        };
-        NonNull::from(Box::leak(Box::new(pool)))
+            // SAFETY: an all-zero event is nginx's own initial state for one.
+            probe_ev: unsafe { core::mem::zeroed() },
+            probe: None,
+            watcher: None,
+            cluster_logged: false,
+            quiet: false,
+        });
+        let p = Box::into_raw(pool);
+        // SAFETY: `p` is the fresh, pinned allocation; the cycle log outlives the worker.
+        unsafe {
+            (*p).probe_ev.handler = Some(on_probe_timer);
+            (*p).probe_ev.data = p as *mut c_void;
+            (*p).probe_ev.log = (*ngx_cycle).log;
+            // A worker shutting down gracefully does not wait for the next probe.
+            (*p).probe_ev.set_cancelable(1);
+            NonNull::new_unchecked(p)
+        }
+    }
+
+    /// Its failures are not logged until it answers: they continue an outage already reported.
+    pub fn quiet(&mut self) {
+        self.quiet = true;
+    }
+
+    /// Whether a failure now is part of an outage already logged.
+    pub(super) fn reported(&self) -> bool {
+        self.quiet || self.breaker.failing()
+    }
+
+    /// Who is told of this node's failures, and of idle connections it closes.
+    pub fn watch(&mut self, watcher: Watcher) {
+        self.watcher = Some(watcher);
     }
 
     /// Closes every connection and frees the pool; no request may be pending on it.
@@ -127,6 +185,7 @@ impl NodePool {
     /// # Safety
     /// `p` came from `create` and is not used afterwards.
     pub unsafe fn destroy(p: NonNull<NodePool>) {
+        (*p.as_ptr()).stop_probing();
         let p = p.as_ptr();
         // Closing a connection reaches the pool through the connection's raw pointer, so the
         // pool is owned again (and dropped) only once no connection is left to do so.
@@ -142,10 +201,51 @@ impl NodePool {
         unsafe { &*self.conf }
     }
 
-    /// Whether anything is still open or waiting here.
+    pub fn name(&self) -> &str {
+        &self.addr.name
+    }
+
+    /// Whether any decision still waits here.
     pub fn idle(&self) -> bool {
         // SAFETY: every pointer in `conns` is a live connection.
         self.conns.iter().all(|c| unsafe { c.as_ref().load() } == 0)
+    }
+
+    /// What a new connection sends before anything else, in order: `AUTH`, `SELECT`, `ROLE`.
+    pub(super) fn setup(&self) -> impl Iterator<Item = (Setup, &'static [u8])> {
+        let conf = self.conf();
+        let (auth, select) = match (self.role, &conf.sentinel) {
+            (Role::Sentinel, Some(s)) => (s.auth.as_deref(), None),
+            _ => (conf.auth.as_deref(), conf.select.as_deref()),
+        };
+        let role = (self.role == Role::Primary).then_some(ROLE);
+        let steps = [(Setup::Auth, auth), (Setup::Select, select), (Setup::Role, role)];
+        steps.into_iter().filter_map(|(step, bytes)| Some((step, bytes?)))
+    }
+
+    /// A set-up command's reply: an error (`WRONGPASS`, `ERR DB index is out of range`), or a
+    /// `ROLE` other than `master`, fails the connection and counts for the breaker.
+    pub(super) fn set_up(&mut self, step: Setup, reply: &Reply) -> Result<(), RedisError> {
+        match (step, reply) {
+            // A Redis with no password set answers `AUTH` with an `ERR` and serves anyway.
+            (Setup::Auth, Reply::Error(e)) if !breaker::unusable(e) => {
+                self.metrics.error_reply(e);
+                Ok(())
+            }
+            (_, Reply::Error(e)) => {
+                self.metrics.error_reply(e);
+                Err(RedisError::Refused(String::from_utf8_lossy(e).into_owned()))
+            }
+            (Setup::Role, Reply::Array(Some(items))) => match items.first() {
+                Some(Reply::Bulk(Some(role))) if role == b"master" => Ok(()),
+                Some(Reply::Bulk(Some(role))) => {
+                    Err(RedisError::NotPrimary(String::from_utf8_lossy(role).into_owned()))
+                }
+                _ => Err(RedisError::NotPrimary(String::new())),
+            },
+            (Setup::Role, _) => Err(RedisError::NotPrimary(String::new())),
+            _ => Ok(()),
+        }
     }
 
     /// Queues a command for `waiter`. Everything queued in one event-loop iteration goes out
@@ -182,7 +282,7 @@ impl NodePool {
     }
 
     fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
-        if self.breaker.admit(now()) == Admit::No {
+        if !self.breaker.admit() {
             return Err(RedisError::Unavailable);
         }
         // SAFETY: every pointer in `conns` is a live connection.
@@ -221,43 +321,100 @@ impl NodePool {
         self.conns.retain(|&c| c != conn);
     }
 
-    /// A failure: the first of an outage is logged with its reason, and the breaker's
-    /// transitions once each.
+    /// A failure: the first of an outage is logged with its reason, and the breaker's opening
+    /// once; an opening starts the background probes.
     pub(super) fn failed(&mut self, why: &RedisError) {
-        if let Some((hook, data)) = self.on_failure {
-            // SAFETY: whoever set the hook outlives this node (it owns it).
-            unsafe { hook(data) };
-        }
         self.metrics.failure(why.kind());
         let name = self.addr.name.clone();
-        if !self.breaker.failing() {
+        if !self.reported() {
             ngx_log_error!(
                 NGX_LOG_ERR,
                 log(),
                 "ratelimit: redis \"{name}\" {why}, requests follow ratelimit_fail"
             );
         }
-        let backoff = self.conf().fail_backoff;
-        match self.breaker.failure(now()) {
-            Some(Transition::Opened) => {
-                self.breaker_gauge(true);
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log(),
-                    "ratelimit: redis \"{name}\" failed {} times in a row, not asked for \
-                     {backoff}ms",
-                    self.conf().fail_threshold
-                );
+        if self.breaker.failure() == Some(Transition::Opened) {
+            self.breaker_gauge(true);
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                log(),
+                "ratelimit: redis \"{name}\" failed {} times in a row, not asked until it \
+                 answers a probe (every {}ms at most)",
+                self.conf().fail_threshold,
+                self.breaker.backoff()
+            );
+            if self.role != Role::Primary {
+                // A Sentinel group's primary is replaced on its first failure instead:
+                // probing it would only reconnect to what was dropped.
+                self.arm_probe();
             }
-            Some(Transition::Reopened) => {
-                self.breaker_gauge(true);
-                ngx_log_error!(
-                    NGX_LOG_INFO,
-                    log(),
-                    "ratelimit: redis \"{name}\" probe failed, not asked for {backoff}ms"
-                );
+        }
+        if let Some((owner, told)) = self.watcher {
+            if *why != RedisError::Overloaded {
+                // SAFETY: the watcher outlives the nodes it watches, and only takes note here:
+                // it frees nothing while this node is borrowed.
+                unsafe { told(owner, NonNull::from(&mut *self), why) };
             }
-            _ => {}
+        }
+    }
+
+    /// The server closed an idle connection: no failure, but a watcher wants to know.
+    pub(super) fn closed_idle(&mut self) {
+        if let Some((owner, told)) = self.watcher {
+            // SAFETY: as in `failed`.
+            unsafe { told(owner, NonNull::from(&mut *self), &RedisError::Closed) };
+        }
+    }
+
+    fn arm_probe(&mut self) {
+        if let Some(delay) = self.breaker.probe_delay() {
+            // SAFETY: the event is this pinned pool's; `destroy` deletes the timer.
+            unsafe { ngx_add_timer(&mut self.probe_ev, delay as _) };
+        }
+    }
+
+    /// The probe timer: a `PING` on a connection of its own, past the breaker.
+    unsafe fn probe_now(&mut self) {
+        if self.probe.is_some() || !self.breaker.probe_started() {
+            return;
+        }
+        let owner = self as *mut NodePool as *mut c_void;
+        let timeout = self.conf().timeout;
+        let node = NonNull::from(&mut *self);
+        match Query::start(node, PING.into(), true, timeout, owner, probe_done) {
+            Ok(q) => self.probe = Some(q),
+            Err(e) => {
+                // The connect failed at once (a refused loopback port): no connection was
+                // made to report it.
+                self.failed(&e);
+                self.probe_failed();
+            }
+        }
+    }
+
+    fn probe_failed(&mut self) {
+        let Some(delay) = self.breaker.probe_failed() else { return };
+        if delay == self.breaker.backoff() {
+            // Logged at the pace the probes settle to, not at each of the first quick ones.
+            ngx_log_error!(
+                NGX_LOG_INFO,
+                log(),
+                "ratelimit: redis \"{}\" probe failed, next in {delay}ms",
+                self.addr.name
+            );
+        }
+        self.arm_probe();
+    }
+
+    /// No more probes: the pool goes away.
+    fn stop_probing(&mut self) {
+        if self.probe_ev.timer_set() != 0 {
+            // SAFETY: the timer is this pool's own and set.
+            unsafe { ngx_del_timer(&mut self.probe_ev) };
+        }
+        if let Some(q) = self.probe.take() {
+            // SAFETY: a probe is in `self.probe` until its `done` runs.
+            unsafe { Query::cancel(q) };
         }
     }
 
@@ -268,6 +425,16 @@ impl NodePool {
     pub(super) fn replied(&mut self, reply: &Reply, late: bool) -> bool {
         if let Reply::Error(e) = reply {
             self.metrics.error_reply(e);
+            if breaker::from_cluster(e) && self.role != Role::Cluster && !self.cluster_logged {
+                self.cluster_logged = true;
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    log(),
+                    "ratelimit: redis \"{}\" is a Redis Cluster node: set cluster=on in \
+                     \"ratelimit_redis\"",
+                    self.addr.name
+                );
+            }
             if breaker::unusable(e) {
                 let msg = String::from_utf8_lossy(e);
                 self.failed(&RedisError::Refused(msg.into_owned()));
@@ -278,9 +445,15 @@ impl NodePool {
             return false;
         }
         let was_failing = self.breaker.failing();
+        self.quiet = false;
         self.breaker.success();
         self.breaker_gauge(false);
         if was_failing {
+            // A decision's reply may close it first; the probe then finds nothing to do.
+            if self.probe_ev.timer_set() != 0 {
+                // SAFETY: the timer is this pool's own and set.
+                unsafe { ngx_del_timer(&mut self.probe_ev) };
+            }
             ngx_log_error!(
                 NGX_LOG_NOTICE,
                 log(),
@@ -300,5 +473,21 @@ impl NodePool {
             self.breaker_open = open;
             self.metrics.gauge(Gauge::BreakerOpen, if open { 1 } else { -1 });
         }
+    }
+}
+
+unsafe extern "C" fn on_probe_timer(ev: *mut ngx_event_t) {
+    // SAFETY: the event's data is its pool, which deletes the timer before it goes.
+    (*((*ev).data as *mut NodePool)).probe_now();
+}
+
+/// The probe's outcome. A usable reply has already closed the breaker on its way (`replied`).
+unsafe fn probe_done(owner: *mut c_void, result: Result<Reply, RedisError>) {
+    // SAFETY: the pool cancels its probe before it goes, so it is alive when this runs.
+    let node = &mut *(owner as *mut NodePool);
+    node.probe = None;
+    match result {
+        Ok(Reply::Error(_)) | Err(_) => node.probe_failed(),
+        Ok(_) => {}
     }
 }

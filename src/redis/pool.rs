@@ -13,8 +13,9 @@ use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_pos
 
 use super::cluster::Cluster;
 use super::conn::{Conn, MAX_OUTSTANDING};
-use super::node::{Addr, NodePool};
+use super::node::{Addr, NodePool, Role};
 use super::resp::{ProtocolError, Reply};
+use super::sentinel::Sentinel;
 use super::topology::Redirect;
 use crate::conf::MainConf;
 use crate::metrics::ErrorKind;
@@ -35,6 +36,10 @@ pub enum RedisError {
     Refused(String),
     /// TLS failed: the handshake, its deadline, or the server's certificate; the reason.
     Tls(String),
+    /// A Sentinel group's primary is one no more: `ROLE` said this instead of `master`.
+    NotPrimary(String),
+    /// No sentinel has named a primary of this group yet (or since the last one failed).
+    NoPrimary(String),
 }
 
 impl RedisError {
@@ -48,7 +53,10 @@ impl RedisError {
             RedisError::Io => ErrorKind::Io,
             RedisError::Protocol(_) | RedisError::UnexpectedReply => ErrorKind::Protocol,
             RedisError::Overloaded => ErrorKind::Overloaded,
-            RedisError::Unavailable | RedisError::Refused(_) => return None,
+            RedisError::Unavailable
+            | RedisError::Refused(_)
+            | RedisError::NotPrimary(_)
+            | RedisError::NoPrimary(_) => return None,
         })
     }
 }
@@ -68,6 +76,13 @@ impl fmt::Display for RedisError {
             }
             RedisError::Refused(msg) => write!(f, "replied \"{msg}\""),
             RedisError::Tls(why) => write!(f, "TLS {why}"),
+            RedisError::NotPrimary(role) if role.is_empty() => {
+                f.write_str("is not a primary (unexpected ROLE reply)")
+            }
+            RedisError::NotPrimary(role) => write!(f, "is not a primary (ROLE says \"{role}\")"),
+            RedisError::NoPrimary(name) => {
+                write!(f, "has no primary known for sentinel group \"{name}\" yet")
+            }
         }
     }
 }
@@ -138,6 +153,8 @@ enum Mode {
     /// One server.
     Single(NonNull<NodePool>),
     Cluster(NonNull<Cluster>),
+    /// The primary a Sentinel group names.
+    Sentinel(NonNull<Sentinel>),
 }
 
 impl WorkerPool {
@@ -149,8 +166,11 @@ impl WorkerPool {
             let metrics = mcf.metrics.get();
             let mode = if conf.cluster {
                 Mode::Cluster(Cluster::create(conf, metrics))
+            } else if conf.sentinel.is_some() {
+                Mode::Sentinel(Sentinel::create(conf, metrics))
             } else {
-                Mode::Single(NodePool::create(conf, Addr::configured(&conf.seeds[0]), metrics))
+                let addr = Addr::configured(&conf.seeds[0]);
+                Mode::Single(NodePool::create(conf, addr, metrics, Role::Single))
             };
             p = Box::into_raw(Box::new(WorkerPool { mode }));
             mcf.pool.set(p);
@@ -170,6 +190,7 @@ impl WorkerPool {
             match Box::from_raw(p).mode {
                 Mode::Single(node) => NodePool::destroy(node),
                 Mode::Cluster(cluster) => Cluster::destroy(cluster),
+                Mode::Sentinel(s) => Sentinel::destroy(s),
             }
         }
     }
@@ -185,6 +206,7 @@ impl WorkerPool {
     ) -> Result<Token, RedisError> {
         let (node, cmd) = match self.mode {
             Mode::Single(node) => (node, cmd),
+            Mode::Sentinel(s) => ((*s.as_ptr()).primary()?, cmd),
             Mode::Cluster(cluster) => {
                 let cmd = cmd.in_slot();
                 ((*cluster.as_ptr()).route(cmd.slot.unwrap_or(0))?, cmd)

@@ -187,6 +187,33 @@ pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
     put_bulk(out, s);
 }
 
+/// What a sentinel said to `SENTINEL get-master-addr-by-name`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MasterAddr {
+    /// `host:port` (an IPv6 host unbracketed, as Redis writes it everywhere).
+    Addr(String),
+    /// A null reply: the sentinel monitors no group of that name.
+    Unknown,
+    /// Anything else: an error reply, a malformed one.
+    Other,
+}
+
+pub fn master_addr(reply: &Reply) -> MasterAddr {
+    match reply {
+        Reply::Array(None) | Reply::Bulk(None) => MasterAddr::Unknown,
+        Reply::Array(Some(items)) => match items.as_slice() {
+            [Reply::Bulk(Some(host)), Reply::Bulk(Some(port))]
+                if !host.is_empty() && !port.is_empty() && port.iter().all(u8::is_ascii_digit) =>
+            {
+                let host = String::from_utf8_lossy(host);
+                MasterAddr::Addr(format!("{host}:{}", String::from_utf8_lossy(port)))
+            }
+            _ => MasterAddr::Other,
+        },
+        _ => MasterAddr::Other,
+    }
+}
+
 /// A command of bulk-string arguments.
 pub fn command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -224,6 +251,26 @@ fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn master_addr_replies() {
+        let bulk = |s: &str| Reply::Bulk(Some(s.as_bytes().to_vec()));
+        let arr = |v: Vec<Reply>| Reply::Array(Some(v));
+        assert_eq!(
+            master_addr(&arr(vec![bulk("127.0.0.1"), bulk("6390")])),
+            MasterAddr::Addr("127.0.0.1:6390".into())
+        );
+        assert_eq!(
+            master_addr(&arr(vec![bulk("::1"), bulk("6390")])),
+            MasterAddr::Addr("::1:6390".into())
+        );
+        assert_eq!(master_addr(&Reply::Array(None)), MasterAddr::Unknown);
+        assert_eq!(master_addr(&Reply::Bulk(None)), MasterAddr::Unknown);
+        assert_eq!(master_addr(&arr(vec![bulk("127.0.0.1")])), MasterAddr::Other);
+        assert_eq!(master_addr(&arr(vec![bulk("h"), bulk("x1")])), MasterAddr::Other);
+        assert_eq!(master_addr(&Reply::Error(b"ERR no".to_vec())), MasterAddr::Other);
+        assert_eq!(command(&[b"SELECT", b"3"]), b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec());
+    }
+
     use super::*;
 
     fn encode(args: &[&[u8]]) -> Vec<u8> {
