@@ -17,6 +17,10 @@ for my $case (
         qr/"ratelimit_redis" cannot use "unix:\/tmp\/rl-none.sock" with "cluster=on"/],
     ['ratelimit_redis 127.0.0.1:7001 cluster=maybe;',
         qr/invalid value "cluster=maybe"/],
+    ['ratelimit_redis 127.0.0.1:7001 cluster=on db=2;',
+        qr/"ratelimit_redis" cannot use "db=" with "cluster=on": a cluster has one database/],
+    ['ratelimit_redis 127.0.0.1:7001 127.0.0.1:7002 cluster=on sentinel=mymaster;',
+        qr/"ratelimit_redis" cannot use "sentinel=" with "cluster=on"/],
 ) {
     my ($directive, $want) = @$case;
     my ($rc, $out, $n) = nginx_t(http_config => "    $directive\n", config => '');
