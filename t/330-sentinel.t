@@ -1,64 +1,26 @@
 # sentinel=NAME: the addresses of ratelimit_redis are sentinels, asked for
 # the group's primary; every connection to it checks ROLE first. Real
-# servers, started here: a primary, a replica and three sentinels (quorum 2,
-# down-after-milliseconds 1000). Exact limits through Sentinel; a kill -9 of
-# the primary and decisions by the new one after the switch (times printed);
-# the old primary restarted with its old command line is a writable master
-# for ~10 s, and gets no decision; sentinel passwords; an unknown group; nginx
-# -t errors.
+# servers, started by RLTest::Sentinel: a primary, a replica and three
+# sentinels (quorum 2, down-after-milliseconds 1000). Exact limits through
+# Sentinel; a kill -9 of the primary and decisions by the new one after the
+# switch (times printed); the old primary restarted with its old command line
+# is a writable master for ~10 s, and gets no decision; sentinel passwords
+# (set on the running servers); an unknown group; nginx -t errors.
 use lib 't/lib';
 use RLTest;
-use RLTest::Proc qw(free_port alive kill_and_wait);
-use POSIX ();
+use RLTest::Sentinel;
 use Time::HiRes qw(time sleep);
 
-my $dir = servroot() . '/sentinel';
-mkdir $dir;
-my $bin = $ENV{TEST_NGINX_REDIS_SERVER} || 'redis-server';
-my (%argv, %pid);
+# The bed: a primary, a replica and three sentinels of group rlmaster,
+# quorum 2, down-after-milliseconds 1000 (RLTest::Sentinel's defaults).
+my $bed = RLTest::Sentinel->new(dir => servroot() . '/sentinel', name => 'rlmaster')->start;
+my ($p, $r) = $bed->data_ports;
+my @s = $bed->sentinel_ports;
 
-sub spawn {
-    my ($port, @argv) = @_;
-    $argv{$port} = \@argv;
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        POSIX::setpgid(0, 0);
-        open STDIN, '<', '/dev/null';
-        exec @argv or POSIX::_exit(127);
-    }
-    RLTest::Proc::register_pid($pid, "redis $port");
-    $pid{$port} = $pid;
-    die "port $port did not come up\n" unless RLTest::Proc::wait_for_port($port, 10);
-}
-sub stop_port {
-    my ($port, $sig) = @_;
-    my $pid = delete $pid{$port} or return;
-    kill_and_wait($pid, $sig // 'TERM', 5);
-    waitpid $pid, 0;
-    RLTest::Proc::unregister_pid($pid);
-}
-sub data_argv {
-    my ($port, @more) = @_;
-    return ($bin, '--port', $port, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-        '--dir', $dir, '--dbfilename', "$port.rdb", '--logfile', "$dir/$port.log", @more);
-}
 sub client { RLTest::Redis::Client->new(port => $_[0], name => 'rltest') }
-sub cmd { my ($port, @args) = @_; my $r = eval { client($port)->cmd(@args) }; $r }
+# undef rather than a death for a server that is down (the old primary).
+sub cmd { my ($port, @args) = @_; my $r = eval { $bed->cmd($port, @args) }; $r }
 
-my ($p, $r) = (free_port(), free_port());
-spawn($p, data_argv($p));
-spawn($r, data_argv($r, '--replicaof', '127.0.0.1', $p));
-my @s = map { free_port() } 1 .. 3;
-for my $sp (@s) {
-    my $conf = "$dir/sentinel-$sp.conf";
-    open my $fh, '>', $conf or die "$conf: $!";
-    print $fh join "\n", "port $sp", 'bind 127.0.0.1', "dir $dir", "logfile $dir/sentinel-$sp.log",
-        "sentinel monitor rlmaster 127.0.0.1 $p 2",
-        'sentinel down-after-milliseconds rlmaster 1000',
-        'sentinel failover-timeout rlmaster 5000', 'sentinel parallel-syncs rlmaster 1', '';
-    close $fh;
-    spawn($sp, $bin, $conf, '--sentinel');
-}
 # A failover needs every sentinel to know the replica and the other two.
 my $ready = wait_until(15, sub {
     for my $sp (@s) {
@@ -96,7 +58,7 @@ is(cmd($p, 'ZCARD', 'rl:api:a'), 3, 'counted on the primary');
 # kill -9: decisions follow ratelimit_fail until the sentinels have switched
 # and the worker has asked them again.
 my $t_kill = time;
-stop_port($p, 'KILL');
+$bed->kill_port($p);
 my ($t_switch, $t_first, %seen);
 my $i = 0;
 while (time - $t_kill < 15) {
@@ -127,7 +89,7 @@ cmp_ok($switch_to_first, '<', 1, 'the worker follows the switch within a second'
 # switch (and may fail back): restart the old one once they are settled.
 sleep 0.1 while time < ($t_switch // time) + 1.5;
 ok(wait_until(5, sub { !grep { $named->($_) ne $r } @s }, 0.1), 'every sentinel names the new primary');
-spawn($p, @{ $argv{$p} });
+$bed->restart($p);
 is(cmd($p, 'ROLE')->[0], 'master', 'the old primary is back as a master (stale)');
 my $stale_until = time + 3;
 my @during;
@@ -271,5 +233,5 @@ isnt($rc, 0, 'sentinel= with a unix: address fails nginx -t');
 like($out, qr/"sentinel=" takes sentinels' host:port, not unix: sockets of the "ratelimit_redis" directive in .*nginx\.conf:\d+/,
     'and says why, with file:line');
 
-stop_port($_) for keys %pid;
+$bed->stop;
 done_testing();

@@ -17,8 +17,9 @@ use warnings;
 use File::Path qw(make_path);
 use POSIX ();
 use Time::HiRes qw(sleep time);
-use RLTest::Proc qw(free_port alive kill_and_wait);
+use RLTest::Proc qw(free_port);
 use RLTest::Redis;
+use RLTest::Servers;
 
 sub new {
     my ($class, %o) = @_;
@@ -30,9 +31,10 @@ sub new {
         node_timeout => $o{node_timeout} // 2000,
         tls          => $o{tls},
         host         => '127.0.0.1',
-        nodes        => {},     # port => { dir, argv, pid, bus, tls_port }
+        nodes        => {},     # port => { dir, bus, tls_port }
         order        => [],     # ports, in creation order
-        clients      => {},
+        servers      => RLTest::Servers->new(what => 'redis cluster node',
+            logs => "$o{dir}/*/redis.log"),
     }, $class;
     if (my $t = $self->{tls}) {
         for (qw(cert key ca)) {
@@ -43,7 +45,7 @@ sub new {
     return $self;
 }
 
-sub redis_server { $ENV{TEST_NGINX_REDIS_SERVER} || 'redis-server' }
+sub redis_server { RLTest::Servers::redis_server() }
 
 # Every node on its own ports; nodes.conf in each node's directory is what
 # lets restart_node() bring a node back with its identity.
@@ -59,11 +61,11 @@ sub start {
             $self->{tls} ? (tls_port => free_port()) : (),
         };
         make_path($node->{dir});
-        $node->{argv} = [$self->node_argv($node)];
         push @{ $self->{order} }, $port;
     }
-    $self->spawn($_) for @{ $self->{order} };
-    $self->wait_ping($_) for @{ $self->{order} };
+    my $srv = $self->{servers};
+    $srv->spawn($_, $self->node_argv($self->{nodes}{$_})) for @{ $self->{order} };
+    $srv->wait_ping($_) for @{ $self->{order} };
     my @addrs = map { "$self->{host}:" . $self->create_port($_) } @{ $self->{order} };
     my $log = "$self->{dir}/create.log";
     my $rc = $self->cli_system($log, '--cluster', 'create', @addrs,
@@ -132,53 +134,17 @@ sub cli_system {
     return $? >> 8;
 }
 
-sub spawn {
-    my ($self, $port) = @_;
-    my $node = $self->{nodes}{$port};
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        POSIX::setpgid(0, 0);
-        open STDIN, '<', '/dev/null';
-        exec @{ $node->{argv} } or POSIX::_exit(127);
-    }
-    $node->{pid} = $pid;
-    RLTest::Proc::register_pid($pid, "redis cluster node $port");
-}
-
-sub wait_ping {
-    my ($self, $port) = @_;
-    my $node = $self->{nodes}{$port};
-    my $deadline = time + 10;
-    while (time < $deadline) {
-        my $r = eval { $self->cmd($port, 'PING') };
-        return 1 if defined $r && !ref $r && $r eq 'PONG';
-        delete $self->{clients}{$port};
-        die "cluster node $port exited; see $node->{dir}/redis.log\n" unless alive($node->{pid});
-        sleep 0.05;
-    }
-    die "cluster node $port did not answer PING; see $node->{dir}/redis.log\n";
-}
-
 sub ports     { @{ $_[0]{order} } }
 sub tls_port  { $_[0]{nodes}{$_[1]}{tls_port} }
-sub pid_of    { $_[0]{nodes}{$_[1]}{pid} }
+sub pid_of    { $_[0]{servers}->pid_of($_[1]) }
 sub dir_of    { $_[0]{nodes}{$_[1]}{dir} }
 sub host      { $_[0]{host} }
-sub live_ports { my $s = shift; grep { $s->{nodes}{$_}{pid} } @{ $s->{order} } }
+sub live_ports { $_[0]{servers}->live_ports }
 
 # One command on one node over the harness's plain connection (kept per
 # node, re-opened once if the node closed it).  Error replies come back as
 # RLTest::Redis::Error objects, as with RLTest::Redis.
-sub cmd {
-    my ($self, $port, @args) = @_;
-    for my $try (1, 2) {
-        my $c = $self->{clients}{$port} ||= RLTest::Redis::Client->new(port => $port);
-        my $r = eval { $c->cmd(@args) };
-        return $r unless $@;
-        delete $self->{clients}{$port};
-        die $@ if $try == 2 || $@ !~ /EOF|reset|Broken pipe|write/i;
-    }
-}
+sub cmd { my $self = shift; $self->{servers}->cmd(@_) }
 
 # A client of its own on one node, for raw RESP (ASKING + command on one
 # connection, pipelines): ->send_cmd, ->read_reply, ->sock.
@@ -330,17 +296,12 @@ sub keyslot {
 # SIGKILL: a crash, no goodbye on the bus.
 sub kill_node {
     my ($self, $port) = @_;
-    my $node = $self->{nodes}{$port};
-    return unless $node->{pid};
-    delete $self->{clients}{$port};
+    return unless $self->pid_of($port);
     # The slots it served, for wait_promoted().
     my $live = (grep { $_ != $port } $self->live_ports)[0];
     $self->{served}{$port} = [map { $_->[0] } grep { $_->[2] == $port }
         @{ (eval { $self->slots_view($live) }) || [] }] if $live;
-    kill 'KILL', $node->{pid};
-    waitpid $node->{pid}, 0;
-    RLTest::Proc::unregister_pid($node->{pid});
-    delete $node->{pid};
+    $self->{servers}->sigkill($port);
     $self->{killed_at}{$port} = time;
 }
 
@@ -374,23 +335,11 @@ sub wait_promoted {
 # primary that was replaced comes back as a replica of its successor).
 sub restart_node {
     my ($self, $port) = @_;
-    $self->stop_node($port) if $self->{nodes}{$port}{pid};
-    $self->spawn($port);
-    $self->wait_ping($port);
+    $self->{servers}->restart($port);
     return $self;
 }
 
-sub stop_node {
-    my ($self, $port) = @_;
-    my $node = $self->{nodes}{$port};
-    return unless $node->{pid};
-    delete $self->{clients}{$port};
-    kill 'CONT', $node->{pid};
-    kill_and_wait($node->{pid}, 'TERM', 5);
-    waitpid $node->{pid}, 0;
-    RLTest::Proc::unregister_pid($node->{pid});
-    delete $node->{pid};
-}
+sub stop_node { $_[0]{servers}->stop($_[1]); return }
 
 # CLUSTER FAILOVER on a replica (or FORCE/TAKEOVER as $mode), until it says
 # it is a primary and the cluster is ok.  Returns the seconds it took.
@@ -399,7 +348,7 @@ sub failover {
     my $t0 = time;
     my $was = $self->cmd($port, 'ROLE');
     my $old = ref $was eq 'ARRAY' && $was->[0] eq 'slave' ? $self->plain_port($was->[2]) : undef;
-    my $old_id = defined $old && $self->{nodes}{$old}{pid} ? $self->id_of($old) : '';
+    my $old_id = defined $old && $self->pid_of($old) ? $self->id_of($old) : '';
     my $r = $self->cmd($port, 'CLUSTER', 'FAILOVER', $mode ? ($mode) : ());
     die "CLUSTER FAILOVER on $port: " . $r->message . "\n" if ref $r;
     my $deadline = $t0 + ($timeout // 15);
@@ -491,11 +440,7 @@ sub flushall {
     $self->cmd($_, 'SCRIPT', 'FLUSH') for $self->live_ports;
 }
 
-sub stop {
-    my ($self) = @_;
-    $self->stop_node($_) for @{ $self->{order} || [] };
-    $self->{clients} = {};
-}
+sub stop { $_[0]{servers}->stop_all }
 
 # A throw-away CA and a server certificate for 127.0.0.1 / localhost /
 # redis.test under $dir (openssl CLI), as { cert, key, ca } for tls => ...
@@ -518,10 +463,6 @@ sub tls_certs {
     return { cert => "$dir/redis.crt", key => "$dir/redis.key", ca => "$dir/ca.crt" };
 }
 
-sub DESTROY {
-    my ($self) = @_;
-    local ($@, $?, $!);
-    $self->stop;
-}
+# The nodes stop when the set of servers goes away (RLTest::Servers::DESTROY).
 
 1;

@@ -7,9 +7,8 @@ use strict;
 use warnings;
 use IO::Socket::INET;
 use IO::Socket::UNIX;
-use POSIX ();
-use Time::HiRes qw(sleep time);
-use RLTest::Proc qw(free_port alive kill_and_wait);
+use RLTest::Proc qw(free_port);
+use RLTest::Servers;
 
 sub new {
     my ($class, %o) = @_;
@@ -25,34 +24,18 @@ sub start {
     my ($self) = @_;
     mkdir $self->{dir};
     unlink $self->{socket};
-    my $bin = $ENV{TEST_NGINX_REDIS_SERVER} || 'redis-server';
     # The socket must be usable by nginx workers, which run as nobody.
-    my @argv = ($bin, '--port', $self->{port}, '--bind', '127.0.0.1',
+    my @argv = (RLTest::Servers::redis_server(), '--port', $self->{port}, '--bind', '127.0.0.1',
         '--unixsocket', $self->{socket}, '--unixsocketperm', '777',
         '--save', '', '--appendonly', 'no', '--dir', $self->{dir},
         '--enable-debug-command', 'local', '--daemonize', 'no',
         '--logfile', "$self->{dir}/redis.log", '--maxclients', '4000',
         @{ $self->{args} });
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        # Own process group: a Ctrl-C aimed at prove must not be what stops
-        # Redis halfway through a test's cleanup.
-        POSIX::setpgid(0, 0);
-        open STDIN, '<', '/dev/null';
-        exec @argv or POSIX::_exit(127);
-    }
-    $self->{pid} = $pid;
-    RLTest::Proc::register_pid($pid, 'redis');
-    my $deadline = time + 10;
-    while (time < $deadline) {
-        my $c = eval { $self->client };
-        if ($c && eval { $c->cmd('PING') } && !$@) {
-            $self->{client} = $c;
-            return $self;
-        }
-        last unless alive($pid);
-        sleep 0.05;
-    }
+    # A set of one: the fork, the wait and the stop are the test beds' too.
+    my $srv = $self->{servers} ||= RLTest::Servers->new(what => 'redis',
+        logs => "$self->{dir}/redis.log");
+    $self->{pid} = $srv->spawn($self->{port}, @argv);
+    return $self if eval { $srv->wait_ping($self->{port}) };
     $self->stop;
     die "redis-server did not come up on port $self->{port}; see $self->{dir}/redis.log\n";
 }
@@ -60,11 +43,7 @@ sub start {
 sub stop {
     my ($self) = @_;
     return unless $self->{pid};
-    delete $self->{client};
-    kill 'CONT', $self->{pid};    # a SIGSTOPped server would never act on TERM
-    kill_and_wait($self->{pid}, 'TERM', 5);
-    waitpid $self->{pid}, 0;
-    RLTest::Proc::unregister_pid($self->{pid});
+    $self->{servers}->stop($self->{port});
     delete $self->{pid};
 }
 
@@ -86,16 +65,11 @@ sub client {
         $o{unix} ? (path => $self->{socket}) : (port => $self->{port}));
 }
 
+# Over the harness's own connection, re-opened once if a test cut it.
 sub cmd {
     my ($self, @args) = @_;
-    $self->{client} ||= $self->client;
-    my $r = eval { $self->{client}->cmd(@args) };
-    return $r unless $@;
-    # Tests kill clients and set idle timeouts; a server that closed this
-    # connection never read the command, so one retry on a new one is safe.
-    die $@ unless $@ =~ /EOF|reset|Broken pipe|write/i;
-    $self->{client} = $self->client;
-    return $self->{client}->cmd(@args);
+    $self->{servers} ||= RLTest::Servers->new(what => 'redis');
+    return $self->{servers}->cmd($self->{port}, @args);
 }
 
 # A fresh database and script cache, as every test block expects.
@@ -103,7 +77,7 @@ sub reset {
     my ($self) = @_;
     kill 'CONT', $self->{pid} if $self->{pid};
     # The persistent client may have been cut by CLIENT KILL tests.
-    delete $self->{client};
+    $self->{servers}->drop_client($self->{port}) if $self->{servers};
     $self->cmd('FLUSHALL');
     $self->cmd('SCRIPT', 'FLUSH');
     $self->cmd('CONFIG', 'RESETSTAT');

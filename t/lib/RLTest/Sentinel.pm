@@ -13,10 +13,9 @@ package RLTest::Sentinel;
 use strict;
 use warnings;
 use File::Path qw(make_path);
-use POSIX ();
 use Time::HiRes qw(sleep time);
-use RLTest::Proc qw(free_port alive kill_and_wait);
-use RLTest::Redis;
+use RLTest::Proc qw(free_port);
+use RLTest::Servers;
 
 sub new {
     my ($class, %o) = @_;
@@ -28,22 +27,30 @@ sub new {
         failover_timeout => $o{failover_timeout} // 5000,
         quorum       => $o{quorum} // 2,
         nsentinels   => $o{sentinels} // 3,
-        procs        => {},    # port => { argv, pid, dir, kind }
-        clients      => {},
+        # The data servers first, then the sentinels: stop_all stops the
+        # sentinels first, so that none reconfigures a server being stopped.
+        servers      => RLTest::Servers->new(what => 'redis (sentinel bed)', logs => $o{dir}),
     }, $class;
 }
 
-sub redis_server { $ENV{TEST_NGINX_REDIS_SERVER} || 'redis-server' }
+sub redis_server { RLTest::Servers::redis_server() }
 
 sub start {
     my ($self) = @_;
     my $t0 = time;
     my $dir = $self->{dir};
     make_path($dir);
+    my $srv = $self->{servers};
     my ($p, $r) = (free_port(), free_port());
     $self->{data_ports} = [$p, $r];
-    $self->add_proc($p, 'data', $self->data_argv($p));
-    $self->add_proc($r, 'data', $self->data_argv($r, '--replicaof', '127.0.0.1', $p));
+    $srv->spawn($p, $self->data_argv($p));
+    $srv->spawn($r, $self->data_argv($r, '--replicaof', '127.0.0.1', $p));
+    $srv->wait_ping($_) for $p, $r;
+    # A sentinel learns the replicas from the primary's INFO, at once on
+    # connecting and then every 10 s: the replica must be attached before.
+    my $deadline = time + 10;
+    sleep 0.02 while time < $deadline
+        && (eval { $self->info_field($r, 'master_link_status') } // '') ne 'up';
     for (1 .. $self->{nsentinels}) {
         my $sp = free_port();
         my $conf = "$dir/sentinel-$sp.conf";
@@ -57,17 +64,9 @@ sub start {
             "sentinel parallel-syncs $self->{name} 1", '';
         close $fh;
         push @{ $self->{sentinel_ports} }, $sp;
-        $self->add_proc($sp, 'sentinel', redis_server(), $conf, '--sentinel');
+        $srv->spawn($sp, redis_server(), $conf, '--sentinel');
     }
-    $self->spawn($_) for $p, $r;
-    $self->wait_ping($_) for $p, $r;
-    # A sentinel learns the replicas from the primary's INFO, at once on
-    # connecting and then every 10 s: the replica must be attached before.
-    my $deadline = time + 10;
-    sleep 0.02 while time < $deadline
-        && (eval { $self->info_field($r, 'master_link_status') } // '') ne 'up';
-    $self->spawn($_) for @{ $self->{sentinel_ports} };
-    $self->wait_ping($_) for @{ $self->{sentinel_ports} };
+    $srv->wait_ping($_) for @{ $self->{sentinel_ports} };
     $self->wait_ready(20);
     $self->{started_in} = time - $t0;
     return $self;
@@ -81,37 +80,6 @@ sub data_argv {
         '--save', '', '--appendonly', 'no', '--daemonize', 'no',
         '--logfile', "$d/redis.log", '--repl-diskless-sync-delay', 0,
         '--enable-debug-command', 'local', @more);
-}
-
-sub add_proc {
-    my ($self, $port, $kind, @argv) = @_;
-    $self->{procs}{$port} = { port => $port, kind => $kind, argv => \@argv };
-}
-
-sub spawn {
-    my ($self, $port) = @_;
-    my $pr = $self->{procs}{$port};
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        POSIX::setpgid(0, 0);
-        open STDIN, '<', '/dev/null';
-        exec @{ $pr->{argv} } or POSIX::_exit(127);
-    }
-    $pr->{pid} = $pid;
-    RLTest::Proc::register_pid($pid, "redis $pr->{kind} $port");
-}
-
-sub wait_ping {
-    my ($self, $port) = @_;
-    my $deadline = time + 10;
-    while (time < $deadline) {
-        my $r = eval { $self->cmd($port, 'PING') };
-        return 1 if defined $r && !ref $r && $r eq 'PONG';
-        delete $self->{clients}{$port};
-        last unless alive($self->{procs}{$port}{pid});
-        sleep 0.05;
-    }
-    die "redis $self->{procs}{$port}{kind} $port did not answer PING; logs in $self->{dir}\n";
 }
 
 # Every sentinel knows the primary, the replica and the other sentinels
@@ -141,18 +109,11 @@ sub started_in     { $_[0]{started_in} }
 sub name           { $_[0]{name} }
 sub sentinel_ports { @{ $_[0]{sentinel_ports} } }
 sub data_ports     { @{ $_[0]{data_ports} } }
-sub pid_of         { $_[0]{procs}{$_[1]}{pid} }
+sub pid_of         { $_[0]{servers}->pid_of($_[1]) }
 
-sub cmd {
-    my ($self, $port, @args) = @_;
-    for my $try (1, 2) {
-        my $c = $self->{clients}{$port} ||= RLTest::Redis::Client->new(port => $port);
-        my $r = eval { $c->cmd(@args) };
-        return $r unless $@;
-        delete $self->{clients}{$port};
-        die $@ if $try == 2 || $@ !~ /EOF|reset|Broken pipe|write/i;
-    }
-}
+# Over the harness's connection to $port; error replies come back as
+# RLTest::Redis::Error objects.
+sub cmd { my $self = shift; $self->{servers}->cmd(@_) }
 
 sub info_field {
     my ($self, $port, $field) = @_;
@@ -165,7 +126,7 @@ sub info_field {
 sub primary_addr {
     my ($self) = @_;
     for my $sp (@{ $self->{sentinel_ports} }) {
-        next unless $self->{procs}{$sp}{pid};
+        next unless $self->pid_of($sp);
         my $r = eval { $self->cmd($sp, 'SENTINEL', 'GET-MASTER-ADDR-BY-NAME', $self->{name}) };
         return @$r if ref $r eq 'ARRAY';
     }
@@ -183,14 +144,7 @@ sub kill_primary {
 
 sub kill_port {
     my ($self, $port) = @_;
-    my $pr = $self->{procs}{$port};
-    return unless $pr->{pid};
-    delete $self->{clients}{$port};
-    kill 'KILL', $pr->{pid};
-    waitpid $pr->{pid}, 0;
-    RLTest::Proc::unregister_pid($pr->{pid});
-    delete $pr->{pid};
-    $self->{killed_at} = time;
+    $self->{killed_at} = time if $self->{servers}->sigkill($port);
 }
 
 # Until every live sentinel names a master other than $old and that server's
@@ -203,7 +157,7 @@ sub wait_failover {
     my $deadline = $t0 + ($timeout // 20);
     while (time < $deadline) {
         my %ports;
-        for my $sp (grep { $self->{procs}{$_}{pid} } @{ $self->{sentinel_ports} }) {
+        for my $sp (grep { $self->pid_of($_) } @{ $self->{sentinel_ports} }) {
             my $r = eval { $self->cmd($sp, 'SENTINEL', 'GET-MASTER-ADDR-BY-NAME', $self->{name}) };
             $ports{ref $r eq 'ARRAY' ? $r->[1] : 'none'} = 1;
         }
@@ -223,35 +177,14 @@ sub wait_failover {
 # sentinels demote it (the split-brain window of the design note, 3.1).
 sub restart {
     my ($self, $port) = @_;
-    $self->stop_port($port) if $self->{procs}{$port}{pid};
-    $self->spawn($port);
-    $self->wait_ping($port);
+    $self->{servers}->restart($port);
     return $self;
 }
 
-sub stop_port {
-    my ($self, $port) = @_;
-    my $pr = $self->{procs}{$port};
-    return unless $pr->{pid};
-    delete $self->{clients}{$port};
-    kill 'CONT', $pr->{pid};
-    kill_and_wait($pr->{pid}, 'TERM', 5);
-    waitpid $pr->{pid}, 0;
-    RLTest::Proc::unregister_pid($pr->{pid});
-    delete $pr->{pid};
-}
+sub stop_port { $_[0]{servers}->stop($_[1]); return }
 
-sub stop {
-    my ($self) = @_;
-    # Sentinels first, so that none reconfigures a server being stopped.
-    $self->stop_port($_) for @{ $self->{sentinel_ports} || [] }, @{ $self->{data_ports} || [] };
-    $self->{clients} = {};
-}
-
-sub DESTROY {
-    my ($self) = @_;
-    local ($@, $?, $!);
-    $self->stop;
-}
+# Sentinels first (RLTest::Servers::stop_all: the last started first).
+# The servers also stop when the bed goes away.
+sub stop { $_[0]{servers}->stop_all }
 
 1;
