@@ -423,7 +423,8 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         if core::mem::take(&mut ctx.retries.waiting) {
             // TRYAGAIN's pause is over.
             let ask = ctx.retries.ask.as_ref();
-            if let Follow::Resent = resend(mcf, &mut ctx.waiter, &ctx.args, ask, false) {
+            let reload = ctx.retries.reloaded;
+            if let Follow::Resent = resend(mcf, &mut ctx.waiter, &ctx.args, ask, reload) {
                 ngx_add_timer(ev, time_left(ctx, redis).max(1) as ngx_msec_t);
                 return;
             }
@@ -545,7 +546,9 @@ pub unsafe fn follow(
         // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says why.
         Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS && cluster(mcf) => {
             retries.redirects += 1;
-            let follow = resend(mcf, waiter, args, Some(&to), false);
+            // After a NOSCRIPT, every node it goes to next may lack the script too (a replica
+            // just promoted), so each later call is preceded by SCRIPT LOAD.
+            let follow = resend(mcf, waiter, args, Some(&to), retries.reloaded);
             retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
             follow
         }
