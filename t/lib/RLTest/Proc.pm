@@ -22,14 +22,25 @@ sub unregister_pid { delete $registered{$_[0]} }
 sub add_cleanup    { my $id = ++$cleanup_id; $cleanup{$id} = $_[0]; $id }
 sub remove_cleanup { delete $cleanup{$_[0]} }
 
-# Port 0 lets the kernel choose; the socket is closed again at once, and a
-# reuse by someone else in the short gap is improbable on a test machine.
-# Ports the harness already handed out are not handed out twice.
+# A port for a server of the test: below the kernel's ephemeral range, which
+# the outgoing connections of the tests themselves (thousands in the burst
+# suites) draw from, so that none of them takes the port between this check
+# and the server's bind.  Chosen at random (parallel test files rarely meet)
+# and bound once to see that it is free.  Ports the harness already handed
+# out are not handed out twice.
 my %given;
+my ($port_lo, $port_hi) = do {
+    my ($eph) = eval {
+        open my $fh, '<', '/proc/sys/net/ipv4/ip_local_port_range' or die;
+        split ' ', scalar <$fh>;
+    };
+    $eph && $eph > 12000 ? (10000, $eph - 1) : (0, 0);
+};
 sub free_port {
-    for (1 .. 50) {
-        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-            Proto => 'tcp', Listen => 1, ReuseAddr => 1) or die "bind: $!";
+    for (1 .. 200) {
+        my $want = $port_hi ? $port_lo + int rand($port_hi - $port_lo + 1) : 0;
+        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $want,
+            Proto => 'tcp', Listen => 1, ReuseAddr => 1) or next;
         my $p = $s->sockport;
         close $s;
         next if $given{$p}++;
