@@ -202,8 +202,6 @@ pub struct EncodedArgs {
     bytes: Vec<u8>,
     keys_len: usize,
     zones: usize,
-    /// The Redis Cluster slot of every key; `None` when they fall in different slots.
-    slot: Option<u16>,
 }
 
 impl EncodedArgs {
@@ -221,9 +219,6 @@ impl EncodedArgs {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
         let keys_len = bytes.len();
-        let mut slots = zones.clone().map(|z| slot::key_slot(&z.key.parts()));
-        let first = slots.next();
-        let slot = first.filter(|&s| slots.all(|other| other == s));
         match now_ms {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
@@ -245,12 +240,15 @@ impl EncodedArgs {
                 }
             }
         }
-        EncodedArgs { bytes, keys_len, zones: count, slot }
+        EncodedArgs { bytes, keys_len, zones: count }
     }
 
     /// The Cluster slot all the keys share, if they do: one script call touches one slot.
+    /// Read back from the encoded keys, so that only a Cluster pays for it.
     pub fn slot(&self) -> Option<u16> {
-        self.slot
+        let mut slots = resp::bulk_strings(self.keys()).map(|key| slot::key_slot(&[key]));
+        let first = slots.next()?;
+        slots.all(|s| s == first).then_some(first)
     }
 
     /// The bytes this decision adds to a call, for [`MAX_BATCH_BYTES`].
@@ -412,6 +410,27 @@ mod tests {
         let mut cmd = Vec::new();
         write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
         assert_eq!(cmd, expected);
+    }
+
+    #[test]
+    fn the_slot_of_a_decision_is_the_one_all_its_keys_share() {
+        let alg = Algorithm::SlidingLog;
+        let one = [zone(Key::new(b"rl:", b"api", b"consumer-42"), alg, 0)];
+        assert_eq!(EncodedArgs::new(one.iter().copied(), None).slot(), Some(14017));
+        let tagged = [
+            zone(Key::new(b"rl:", b"min", b"{user1000}"), alg, 0),
+            zone(Key::new(b"rl:", b"day", b"{user1000}"), alg, 0),
+        ];
+        assert_eq!(EncodedArgs::new(tagged.iter().copied(), Some(1)).slot(), Some(3443));
+        let apart = [
+            zone(Key::new(b"rl:", b"min", b"a"), alg, 0),
+            zone(Key::new(b"rl:", b"day", b"a"), alg, 0),
+        ];
+        assert_eq!(EncodedArgs::new(apart.iter().copied(), None).slot(), None);
+        // Keys with CR, LF and `$` in them are read back whole.
+        let odd = [zone(Key::new(b"rl:", b"api", b"a\r\n$3\r\n{x}"), alg, 0)];
+        let slot = crate::redis::slot::key_slot(&[b"rl:api:a\r\n$3\r\n{x}"]);
+        assert_eq!(EncodedArgs::new(odd.iter().copied(), None).slot(), Some(slot));
     }
 
     #[test]

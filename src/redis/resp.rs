@@ -214,6 +214,19 @@ pub fn master_addr(reply: &Reply) -> MasterAddr {
     }
 }
 
+/// The contents of consecutive bulk strings as this module encodes them (`put_bulk`); stops at
+/// anything else.
+pub fn bulk_strings(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    core::iter::from_fn(move || {
+        let rest = buf.strip_prefix(b"$")?;
+        let eol = rest.iter().position(|&b| b == b'\r')?;
+        let len: usize = core::str::from_utf8(&rest[..eol]).ok()?.parse().ok()?;
+        let body = rest.get(eol + 2..eol + 2 + len)?;
+        buf = rest.get(eol + 4 + len..)?;
+        Some(body)
+    })
+}
+
 /// A command of bulk-string arguments.
 pub fn command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
