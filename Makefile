@@ -56,7 +56,9 @@ APT_BUILD  := gcc make libclang-dev libpcre2-dev libssl-dev zlib1g-dev
 # curl: smoke-system requests a static file and a Lua location.
 APT_SYSTEM := nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua curl
 # g++: the fuzz step builds libfuzzer-sys, whose C++ sources need it.
-APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind g++ prometheus
+# iproute2 + iptables: the network-namespace bed (t/lib/RLTest/Netns.pm) cuts a gateway off Redis.
+APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl valgrind g++ prometheus \
+              iproute2 iptables
 # What openresty/test-nginx (Test::Nginx::Socket, for TEST_HARNESS=test-nginx) needs from Debian;
 # Test::Nginx itself is not packaged: cpanminus installs it from CPAN (make deps-test-nginx).
 APT_TEST_NGINX := libtext-diff-perl libtest-longstring-perl libwww-perl libhttp-message-perl \

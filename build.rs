@@ -5,6 +5,14 @@
 
 fn main() {
     println!("cargo::rerun-if-env-changed=DEP_NGINX_BUILD_DIR");
+    // TLS to Redis (`ssl=on`) uses nginx's OpenSSL layer, which exists only in an nginx built
+    // with an SSL module. nginx-sys lists the build's features to its direct dependents only.
+    println!("cargo::rerun-if-env-changed=DEP_NGINX_FEATURES");
+    println!("cargo::rustc-check-cfg=cfg(ngx_ssl)");
+    let features = std::env::var("DEP_NGINX_FEATURES").unwrap_or_default();
+    if features.split(',').any(|f| f == "ssl") {
+        println!("cargo::rustc-cfg=ngx_ssl");
+    }
     if let (Ok(dir), Ok(out)) = (std::env::var("DEP_NGINX_BUILD_DIR"), std::env::var("OUT_DIR")) {
         // OUT_DIR is target/<profile>/build/<crate>-<hash>/out.
         if let Some(profile_dir) = std::path::Path::new(&out).ancestors().nth(3) {

@@ -79,6 +79,8 @@ pub struct RedisConf {
     pub fail_threshold: u32,
     /// How long an open breaker lets no decision reach Redis.
     pub fail_backoff: ngx_msec_t,
+    /// `ssl=on`: the connections speak TLS (`crate::redis::tls`).
+    pub tls: Option<crate::redis::tls::TlsConf>,
 }
 
 pub enum KeyPiece {

@@ -28,6 +28,8 @@ use crate::params::{
 };
 use crate::quota::{parse_offset, Period, PeriodKind};
 use crate::redis::resp;
+use crate::redis::tls;
+use crate::redis::tls_params::{Taken, TlsParams};
 use crate::script::Algorithm;
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
@@ -200,8 +202,10 @@ unsafe extern "C" fn cmd_redis(
         auth: None,
         fail_threshold: 3,
         fail_backoff: 1000,
+        tls: None,
     };
     redis.seeds = seeds;
+    let mut tls_params = TlsParams::default();
     let mut connect_timeout = None;
     let (mut user, mut password) = (None, None);
     for arg in &args[1 + addrs..] {
@@ -235,7 +239,11 @@ unsafe extern "C" fn cmd_redis(
             }
             // The value is a secret: name the parameter, never echo it.
             "user" | "password" => return invalid(cf, "empty parameter", name),
-            _ => return invalid(cf, "parameter", s),
+            _ => match tls_params.param(name, value) {
+                Taken::Yes => Some(()),
+                Taken::NotTls => return invalid(cf, "parameter", s),
+                Taken::Invalid => None,
+            },
         };
         if ok.is_none() {
             return invalid(cf, "value", s);
@@ -256,6 +264,10 @@ unsafe extern "C" fn cmd_redis(
     if let Some(why) = topology_error(&redis) {
         ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"ratelimit_redis\" {why}");
         return NGX_CONF_ERROR as _;
+    }
+    match tls::configure(cf, &tls_params, &redis.name, redis.is_unix) {
+        Ok(t) => redis.tls = t,
+        Err(tls::Logged) => return NGX_CONF_ERROR as _,
     }
     // The whole decision must fit in `timeout`, so connecting can never take longer.
     redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);

@@ -542,7 +542,8 @@ pub unsafe fn follow(
             retries.reloaded = true;
             resend(mcf, waiter, args, retries.ask.as_ref(), true)
         }
-        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS => {
+        // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says why.
+        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS && cluster(mcf) => {
             retries.redirects += 1;
             let follow = resend(mcf, waiter, args, Some(&to), false);
             retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
@@ -554,6 +555,10 @@ pub unsafe fn follow(
         }
         _ => Follow::No,
     }
+}
+
+fn cluster(mcf: &MainConf) -> bool {
+    mcf.redis.as_ref().is_some_and(|r| r.cluster)
 }
 
 /// Queues a decision again, where a redirection points if one is followed.

@@ -24,6 +24,7 @@ use ngx::ffi::{
 use super::node::NodePool;
 use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
 use super::resp;
+use super::tls;
 use crate::metrics::{Counter, Gauge};
 use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 
@@ -147,6 +148,10 @@ impl Conn {
             conn.flush_ev.log = &mut (*this).log;
             if rc == NGX_AGAIN as isize {
                 ngx_add_timer((*c).write, conf.connect_timeout);
+            } else if conf.tls.is_some() {
+                // TLS: on_write starts the handshake, within the connect deadline.
+                ngx_add_timer((*c).write, conf.connect_timeout);
+                ngx_post_event((*c).write, ptr::addr_of_mut!(ngx_posted_events));
             } else {
                 conn.connected = true;
             }
@@ -225,7 +230,9 @@ impl Conn {
             if conn.flush_ev.posted() != 0 {
                 ngx_delete_posted_event(ptr::addr_of!(conn.flush_ev) as *mut _);
             }
+            let tls_pool = tls::shutdown(conn.c());
             ngx_close_connection(conn.c());
+            tls::destroy_pool(tls_pool);
             let queued = conn.queued.iter().map(|q| q.waiter);
             for w in conn.in_flight.iter().filter_map(|&(_, w)| w).chain(queued) {
                 complete(w, Err(why.clone()));
@@ -499,12 +506,39 @@ unsafe extern "C" fn on_write(wev: *mut ngx_event_t) {
         if !connect_succeeded(conn.c()) {
             return Conn::close(this, RedisError::Connect, true);
         }
+        if let Some(t) = &(*conn.pool).conf().tls {
+            // Nothing is written before the handshake ends: `connected` stays false.
+            let quiet = (*conn.pool).breaker.failing();
+            return match tls::start(conn.c(), &conn.pc, t, on_handshake, quiet) {
+                Ok(true) => on_handshake(conn.c()),
+                Ok(false) => {}
+                Err(e) => Conn::close(this, e, true),
+            };
+        }
         conn.connected = true;
         if (*wev).timer_set() != 0 {
             ngx_del_timer(wev);
         }
     } else if (*wev).timedout() != 0 {
         return Conn::close(this, RedisError::Timeout, true);
+    }
+    Conn::flush(this);
+}
+
+/// `c->ssl->handler`: the TLS handshake ended, failed or timed out. On success the connection
+/// is ours again, connected, and what waited for it (`AUTH`, decisions) goes out.
+unsafe extern "C" fn on_handshake(c: *mut ngx_connection_t) {
+    let this = NonNull::new_unchecked((*c).data as *mut Conn);
+    let conn = &mut *this.as_ptr();
+    let t = (*conn.pool).conf().tls.as_ref().expect("a TLS connection has TLS settings");
+    if let Err(e) = tls::finish(c, t) {
+        return Conn::close(this, e, true);
+    }
+    (*(*c).read).handler = Some(on_read);
+    (*(*c).write).handler = Some(on_write);
+    conn.connected = true;
+    if (*(*c).write).timer_set() != 0 {
+        ngx_del_timer((*c).write);
     }
     Conn::flush(this);
 }

@@ -14,4 +14,7 @@ pub mod pool;
 mod query;
 pub mod resp;
 pub mod slot;
+#[cfg(not(test))]
+pub mod tls;
+pub mod tls_params;
 pub mod topology;

@@ -33,6 +33,8 @@ pub enum RedisError {
     Overloaded,
     /// An error reply after which Redis cannot decide (`LOADING`, `BUSY`, `READONLY`, ...).
     Refused(String),
+    /// TLS failed: the handshake, its deadline, or the server's certificate; the reason.
+    Tls(String),
 }
 
 impl RedisError {
@@ -40,7 +42,7 @@ impl RedisError {
     /// error replies, which are counted by their class.
     pub(super) fn kind(&self) -> Option<ErrorKind> {
         Some(match self {
-            RedisError::Connect => ErrorKind::Refused,
+            RedisError::Connect | RedisError::Tls(_) => ErrorKind::Refused,
             RedisError::Timeout => ErrorKind::Timeout,
             RedisError::Closed => ErrorKind::Closed,
             RedisError::Io => ErrorKind::Io,
@@ -65,6 +67,7 @@ impl fmt::Display for RedisError {
                 write!(f, "does not keep up ({MAX_OUTSTANDING} decisions waiting per connection)")
             }
             RedisError::Refused(msg) => write!(f, "replied \"{msg}\""),
+            RedisError::Tls(why) => write!(f, "TLS {why}"),
         }
     }
 }
@@ -94,14 +97,26 @@ pub struct Command {
     pub reload: bool,
     /// After a Cluster `ASK`: sent alone, right after `ASKING`.
     pub asking: bool,
-    /// The Cluster slot of the decision's keys: one script call never spans two.
+    /// On a Cluster, the slot of the decision's keys: one script call never spans two.
+    /// `None` on one server, where any decisions may share a call.
     pub slot: Option<u16>,
 }
 
 impl Command {
     pub fn decision(args: &EncodedArgs, reload: bool) -> Command {
         let payload = Payload::Decision(NonNull::from(args));
-        Command { payload, reload, asking: false, slot: args.slot() }
+        Command { payload, reload, asking: false, slot: None }
+    }
+
+    /// The command as a Cluster sends it: with its keys' slot.
+    ///
+    /// # Safety
+    /// The decision's arguments are alive (the command is pending).
+    unsafe fn in_slot(self) -> Command {
+        match self.payload {
+            Payload::Decision(args) => Command { slot: args.as_ref().slot(), ..self },
+            Payload::Raw(_) => self,
+        }
     }
 }
 
@@ -168,9 +183,12 @@ impl WorkerPool {
         waiter: NonNull<Waiter>,
         cmd: Command,
     ) -> Result<Token, RedisError> {
-        let node = match self.mode {
-            Mode::Single(node) => node,
-            Mode::Cluster(cluster) => (*cluster.as_ptr()).route(cmd.slot.unwrap_or(0))?,
+        let (node, cmd) = match self.mode {
+            Mode::Single(node) => (node, cmd),
+            Mode::Cluster(cluster) => {
+                let cmd = cmd.in_slot();
+                ((*cluster.as_ptr()).route(cmd.slot.unwrap_or(0))?, cmd)
+            }
         };
         let sent = (*node.as_ptr()).submit(waiter, cmd);
         if let (Err(_), Mode::Cluster(cluster)) = (&sent, &self.mode) {
@@ -201,7 +219,7 @@ impl WorkerPool {
             }
             Redirect::Ask { to, .. } => {
                 let node = cluster.node(to)?;
-                (*node.as_ptr()).submit(waiter, Command { asking: true, ..cmd })
+                (*node.as_ptr()).submit(waiter, Command { asking: true, ..cmd.in_slot() })
             }
         }
     }

@@ -4,9 +4,6 @@
 //! Pure functions, no allocation on the request path: a key is hashed from the parts it is built
 //! from (`Key::parts()`), never joined first.
 
-// The lead wires these into the per-node routing next; until then only the tests use them.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::borrow::Cow;
 
 /// Number of hash slots of a Redis Cluster.
@@ -172,6 +169,17 @@ mod tests {
             let bytes: Vec<&[u8]> = k.chunks(1).collect();
             assert_eq!(key_slot(&bytes), slot, "{key} byte by byte");
         }
+    }
+
+    #[test]
+    fn slot_of_a_key_from_its_parts() {
+        use crate::key::Key;
+        assert_eq!(key_slot(&Key::new(b"rl:", b"api", b"consumer-42").parts()), 14017);
+        assert_eq!(key_slot(&Key::new(b"{rl}:", b"api", b"x").parts()), 785);
+        assert_eq!(key_slot(&Key::exact(b"{user1000}.followers").parts()), 3443);
+        let value = neutralize_braces(b"{user1000}");
+        let key = Key::new(b"rl:", b"api", &value);
+        assert_eq!(key_slot(&key.parts()), crc16(b"rl:api:%7Buser1000%7D") & (SLOTS - 1));
     }
 
     #[test]

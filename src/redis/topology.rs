@@ -2,9 +2,6 @@
 //! redirections and the per-worker slot → node table (design note `scale-out-notes.md`, 2.2,
 //! 2.3 and 6). Pure: no nginx, no I/O; every malformed input is an error, never a panic.
 
-// The lead wires these into the per-node pools next; until then only the tests use them.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::fmt;
 
 use super::resp::Reply;

@@ -105,14 +105,18 @@ sub redis_cmd    { redis()->cmd(@_) }
 sub redis_client { redis()->client(@_) }
 
 # Named instances; the default one lives in the servroot itself so that
-# $TEST_NGINX_SERVROOT/logs/error.log is its log.
+# $TEST_NGINX_SERVROOT/logs/error.log is its log.  Options after the name
+# apply when the instance is first made: nginx('gw1', $netns->nginx_options(1))
+# runs it in a network namespace (RLTest::Netns).
 sub nginx {
-    my $name = $_[0] || 'nginx';
+    my ($name, %o) = @_;
+    $name ||= 'nginx';
     setup();
     return $nginx{$name} ||= RLTest::Nginx->new(
         name => $name,
         prefix => $name eq 'nginx' ? $servroot : "$servroot/$name",
         html_dir => "$servroot/html",
+        %o,
     );
 }
 
@@ -122,7 +126,7 @@ sub conf_args {
     my @args = @_;
     my $text = @args % 2 ? shift @args : undef;
     my %o = @args;
-    my $n = nginx($o{name});
+    my $n = nginx($o{name}, map { exists $o{$_} ? ($_ => delete $o{$_}) : () } qw(prefix_cmd host));
     $text //= $n->build_conf(workers => $default_workers,
         log_level => $default_log_level, %o);
     return ($n, $text);

@@ -176,7 +176,7 @@ sub cmd {
         my $r = eval { $c->cmd(@args) };
         return $r unless $@;
         delete $self->{clients}{$port};
-        die $@ if $try == 2 || $@ !~ /EOF|reset|Broken pipe|write|timed out/i;
+        die $@ if $try == 2 || $@ !~ /EOF|reset|Broken pipe|write/i;
     }
 }
 
@@ -333,11 +333,41 @@ sub kill_node {
     my $node = $self->{nodes}{$port};
     return unless $node->{pid};
     delete $self->{clients}{$port};
+    # The slots it served, for wait_promoted().
+    my $live = (grep { $_ != $port } $self->live_ports)[0];
+    $self->{served}{$port} = [map { $_->[0] } grep { $_->[2] == $port }
+        @{ (eval { $self->slots_view($live) }) || [] }] if $live;
     kill 'KILL', $node->{pid};
     waitpid $node->{pid}, 0;
     RLTest::Proc::unregister_pid($node->{pid});
     delete $node->{pid};
     $self->{killed_at}{$port} = time;
+}
+
+# After kill_node($port) of a primary: until its slots are served by a live
+# node in the view of every live node, and cluster_state is ok everywhere
+# (about node_timeout + 1 s).  Returns the seconds since the kill.
+sub wait_promoted {
+    my ($self, $port, $timeout) = @_;
+    my @slots = @{ $self->{served}{$port} || [] };
+    die "wait_promoted: $port served no slots when it was killed\n" unless @slots;
+    my $deadline = time + ($timeout // 30);
+    my %live = map { $_ => 1 } $self->live_ports;
+    while (time < $deadline) {
+        my $done = 1;
+        for my $p (keys %live) {
+            my $state = eval { $self->info_field($p, 'cluster', 'cluster_state') } // '';
+            my $view = eval { $self->slots_view($p) } || [];
+            my $served = 0;
+            for my $r (@$view) {
+                $served++ if $live{$r->[2]} && grep { $_ >= $r->[0] && $_ <= $r->[1] } @slots;
+            }
+            $done = 0, last unless $state eq 'ok' && $served;
+        }
+        return time - $self->{killed_at}{$port} if $done;
+        sleep 0.05;
+    }
+    die "slots of $port not taken over within the timeout; logs in $self->{dir}/*/redis.log\n";
 }
 
 # The same command line again: with its nodes.conf the node rejoins (a
@@ -465,6 +495,27 @@ sub stop {
     my ($self) = @_;
     $self->stop_node($_) for @{ $self->{order} || [] };
     $self->{clients} = {};
+}
+
+# A throw-away CA and a server certificate for 127.0.0.1 / localhost /
+# redis.test under $dir (openssl CLI), as { cert, key, ca } for tls => ...
+sub tls_certs {
+    my $dir = @_ == 2 ? $_[1] : $_[0];
+    make_path($dir);
+    my @steps = (
+        "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 -subj /CN=RLTest-CA",
+        "req -newkey rsa:2048 -nodes -keyout redis.key -out redis.csr -subj /CN=redis.test",
+        "x509 -req -in redis.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out redis.crt "
+            . "-days 30 -extfile san.ext",
+    );
+    open my $fh, '>', "$dir/san.ext" or die "$dir/san.ext: $!";
+    print $fh "subjectAltName=DNS:redis.test,DNS:localhost,IP:127.0.0.1\n";
+    close $fh;
+    for my $step (@steps) {
+        system("cd \Q$dir\E && openssl $step >>openssl.log 2>&1") == 0
+            or die "openssl $step failed; see $dir/openssl.log\n";
+    }
+    return { cert => "$dir/redis.crt", key => "$dir/redis.key", ca => "$dir/ca.crt" };
 }
 
 sub DESTROY {

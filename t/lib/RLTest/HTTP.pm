@@ -100,9 +100,11 @@ sub header {
     return $v ? join(', ', @$v) : undef;
 }
 
+# $port may be "host:port" (an nginx in a network namespace, RLTest::Netns).
 sub connect_to {
     my ($port, $timeout) = @_;
-    return IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+    my $host = $port =~ s/^(.+):(\d+)$/$2/ ? $1 : '127.0.0.1';
+    return IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port,
         Proto => 'tcp', Timeout => $timeout || 5);
 }
 

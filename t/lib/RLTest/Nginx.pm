@@ -90,11 +90,18 @@ sub new {
         html_dir => $o{html_dir} || "$o{prefix}/html",
         workers  => $o{workers} || $ENV{TEST_NGINX_WORKERS} || 1,
         name     => $o{name} || 'nginx',
+        # In another network namespace (RLTest::Netns::nginx_options): the
+        # command prefix that runs nginx there and the address it listens on.
+        prefix_cmd => $o{prefix_cmd} || [],
+        host     => $o{host} || '127.0.0.1',
     }, $class;
     return $self;
 }
 
 sub port     { $_[0]{port} }
+sub host     { $_[0]{host} }
+# What http_get(-port => ...) and http_request(port => ...) take.
+sub addr     { $_[0]{host} eq '127.0.0.1' ? $_[0]{port} : "$_[0]{host}:$_[0]{port}" }
 sub prefix   { $_[0]{prefix} }
 sub html_dir { $_[0]{html_dir} }
 sub pid      { $_[0]{pid} }
@@ -135,7 +142,7 @@ sub build_conf {
     $c .= "    keepalive_timeout 10s;\n";
     $c .= ($s{http_config} // '') . "\n";
     $c .= "    server {\n";
-    $c .= "        listen 127.0.0.1:$self->{port};\n";
+    $c .= "        listen $self->{host}:$self->{port};\n";
     $c .= "        server_name localhost;\n";
     $c .= "        root $self->{html_dir};\n";
     $c .= ($s{config} // '') . "\n";
@@ -175,7 +182,7 @@ sub conf_file { "$_[0]{prefix}/conf/nginx.conf" }
 sub run_binary {
     my ($self, @args) = @_;
     my $out = "$self->{prefix}/logs/nginx.stderr";
-    my @cmd = ($self->valgrind_cmd, binary());
+    my @cmd = (@{ $self->{prefix_cmd} }, $self->valgrind_cmd, binary());
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
         open STDOUT, '>', $out;
@@ -227,7 +234,7 @@ sub start {
     }
     die "nginx wrote no pid file; stderr: $out\n" unless $self->{pid};
     RLTest::Proc::register_pid($self->{pid}, "nginx $self->{name}");
-    wait_for_port($self->{port}, 10 * $SLOW) or die "nginx is not listening on $self->{port}\n";
+    wait_for_port($self->addr, 10 * $SLOW) or die "nginx is not listening on " . $self->addr . "\n";
     $self->wait_workers($self->count_workers);
     return $self;
 }

@@ -76,11 +76,13 @@ sub kill_and_wait {
     return 0;
 }
 
+# $port may be "host:port" (an nginx in a network namespace, RLTest::Netns).
 sub wait_for_port {
     my ($port, $timeout) = @_;
+    my $host = $port =~ s/^(.+):(\d+)$/$2/ ? $1 : '127.0.0.1';
     my $deadline = time + ($timeout || 10);
     while (time < $deadline) {
-        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+        my $s = IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port,
             Proto => 'tcp', Timeout => 1);
         if ($s) { close $s; return 1 }
         sleep 0.02;

@@ -13,7 +13,10 @@ use RLTest::Proc qw(free_port alive kill_and_wait);
 
 sub new {
     my ($class, %o) = @_;
-    my $self = bless { dir => $o{dir}, port => $o{port} || free_port() }, $class;
+    # args: more redis-server options, e.g. --tls-port (t/310-tls.t); the plain
+    # port stays, for the harness's own client.
+    my $self = bless { dir => $o{dir}, port => $o{port} || free_port(),
+        args => $o{args} || [] }, $class;
     $self->{socket} = "$self->{dir}/redis.sock";
     return $self;
 }
@@ -28,7 +31,8 @@ sub start {
         '--unixsocket', $self->{socket}, '--unixsocketperm', '777',
         '--save', '', '--appendonly', 'no', '--dir', $self->{dir},
         '--enable-debug-command', 'local', '--daemonize', 'no',
-        '--logfile', "$self->{dir}/redis.log", '--maxclients', '4000');
+        '--logfile', "$self->{dir}/redis.log", '--maxclients', '4000',
+        @{ $self->{args} });
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
         # Own process group: a Ctrl-C aimed at prove must not be what stops
@@ -161,7 +165,7 @@ sub new {
     my ($class, %o) = @_;
     my $sock = $o{path}
         ? IO::Socket::UNIX->new(Type => IO::Socket::SOCK_STREAM(), Peer => $o{path})
-        : IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $o{port},
+        : IO::Socket::INET->new(PeerAddr => $o{host} || '127.0.0.1', PeerPort => $o{port},
               Proto => 'tcp', Timeout => 5);
     die "redis connect: $!\n" unless $sock;
     binmode $sock;
