@@ -24,7 +24,10 @@
 # used_cpu_user + used_cpu_sys) and script calls (INFO commandstats, EVALSHA + EVAL) summed over
 # the variant's nodes, per decision the module counted (ratelimit_metrics, status PASSED). The
 # report quotes each variant against plain as per-round ratios (the runs of one round are
-# seconds apart): on a shared 2-core machine absolute figures move with everything else.
+# seconds apart): on a shared 2-core machine absolute figures move with everything else. Also
+# recorded: Redis connections opened during and open after each run (ratelimit_metrics), the
+# CPU other processes took (/proc/stat), and, once before nginx starts, what the idle Redis
+# servers cost (a cluster's bus), which is part of every Redis figure.
 #
 # Writes bench/topology.md (bench/topology_report.py), bench/topology.tsv (raw rows) and
 # bench/topology.meta.tsv (environment).
@@ -416,13 +419,15 @@ redis_delta() {
 nginx_requests() {  # requests nginx has read so far (stub_status), this one included
     curl -sS --max-time 5 "$(base "$1")/topology-status" | awk 'NR == 3 { print $3 }'
 }
-decisions() {  # "passed other connects": decisions PASSED, any other status, Redis connections opened
+decisions() {  # "passed other connects open": decisions PASSED, any other status, Redis
+                # connections opened so far, Redis connections open now (all workers, all nodes)
     curl -sS --max-time 5 "$(base "$1")/topology-metrics?format=json" | python3 -c '
 import json, sys
 m = json.load(sys.stdin)
 d = m["zones"]["bench"]["decisions"]
 print(d.get("PASSED", 0), sum(d.values()) - d.get("PASSED", 0),
-      sum(s.get("connects", 0) for s in m["redis"].values()))'
+      sum(s.get("connects", 0) for s in m["redis"].values()),
+      sum(s.get("connections", 0) for s in m["redis"].values()))'
 }
 error_lines() { grep -cE '\[(error|crit|alert|emerg)\]' "$tmp/$1/logs/error.log" || true; }
 
@@ -434,7 +439,7 @@ run_wrk() {  # run_wrk variant seconds -> BENCH line
 }
 field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<< "$2"; }
 
-printf 'variant\tworkers\tround\trequests\tnginx_requests\tdecisions\tother_decisions\tconnects\tduration_us\trps\tp50_us\tp99_us\tnon2xx\tsocket_errors\tworker_cpu_s\tredis_cpu_s\tscript_calls\tredis_calls_total\terror_lines\tscript_calls_by_node\tother_cpu_pct\n' > "$tmp/raw.tsv"
+printf 'variant\tworkers\tround\trequests\tnginx_requests\tdecisions\tother_decisions\tconnects\tconnections\tduration_us\trps\tp50_us\tp99_us\tnon2xx\tsocket_errors\tworker_cpu_s\tredis_cpu_s\tscript_calls\tredis_calls_total\terror_lines\tscript_calls_by_node\tother_cpu_pct\n' > "$tmp/raw.tsv"
 
 runs=$(( ${#WLIST[@]} * ${#VLIST[@]} * ROUNDS ))
 say "variants ${VLIST[*]} (${#WLIST[@]} worker count(s): ${WLIST[*]}); $runs runs of ${WARMUP}s warm-up + ${DURATION}s" \
@@ -457,20 +462,20 @@ for w in "${WLIST[@]}"; do
             flushall "$v"
             if [ "$WARMUP" -gt 0 ]; then run_wrk "$v" "$WARMUP" > /dev/null; fi
             # Assigned before read: a failing $(...) then stops the script (set -e).
-            e0=$(error_lines "$v"); n0=$(nginx_requests "$v"); t=$(decisions "$v"); read -r d0 o0 c0 <<< "$t"
+            e0=$(error_lines "$v"); n0=$(nginx_requests "$v"); t=$(decisions "$v"); read -r d0 o0 c0 _ <<< "$t"
             redis_snapshot "$v" "$tmp/redis0"; cpu0=$(worker_cpu "$v")
             t=$(cpu_ticks); read -r busy0 ours0 all0 <<< "$t"
             line=$(run_wrk "$v" "$DURATION")
             t=$(cpu_ticks); read -r busy1 ours1 all1 <<< "$t"
             cpu1=$(worker_cpu "$v"); redis_snapshot "$v" "$tmp/redis1"
-            t=$(decisions "$v"); read -r d1 o1 c1 <<< "$t"; n1=$(nginx_requests "$v"); e1=$(error_lines "$v")
+            t=$(decisions "$v"); read -r d1 o1 c1 open1 <<< "$t"; n1=$(nginx_requests "$v"); e1=$(error_lines "$v")
             foreign=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v t=$((all1 - all0)) \
                       'BEGIN { f = (t > 0 ? 100 * (b - o) / t : 0); printf "%.1f", (f < 0 ? 0 : f) }')
             t=$(redis_delta "$tmp/redis0" "$tmp/redis1"); read -r rcpu rscript rtotal rbynode <<< "$t"
             [ "$rscript" -gt 0 ] || die "$v: no script call reached Redis during the run; see $tmp/$v/logs/error.log"
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
                 "$v" "$w" "$r" "$(field requests "$line")" "$((n1 - n0 - 1))" "$((d1 - d0))" "$((o1 - o0))" \
-                "$((c1 - c0))" "$(field duration_us "$line")" "$(field rps "$line")" "$(field p50_us "$line")" \
+                "$((c1 - c0))" "$open1" "$(field duration_us "$line")" "$(field rps "$line")" "$(field p50_us "$line")" \
                 "$(field p99_us "$line")" "$(field non2xx "$line")" "$(field socket_errors "$line")" \
                 "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')" \
                 "$rcpu" "$rscript" "$rtotal" "$((e1 - e0))" "$rbynode" "$foreign" >> "$tmp/raw.tsv"

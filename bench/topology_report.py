@@ -167,19 +167,23 @@ def main():
 
     o.append("## Every run\n")
     o.append("| workers | round | variant | requests/s | p99 ms | nginx CPU µs/req | Redis CPU µs/dec | "
-             "script calls/dec | script calls by node | non-2xx | other decisions | Redis connects | "
-             "error lines | other CPU % |")
-    o.append("|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+             "script calls/dec | script calls by node | Redis connections open | non-2xx | other decisions | "
+             "Redis connects | error lines | other CPU % |")
+    o.append("|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        o.append("| %d | %d | %s | %s | %.2f | %.1f | %.1f | %.3f | %s | %d | %d | %d | %d | %.1f |" % (
+        o.append("| %d | %d | %s | %s | %.2f | %.1f | %.1f | %.3f | %s | %s | %d | %d | %d | %d | %.1f |" % (
             r["workers"], r["round"], r["variant"], fmt(r["rps"], 0), r["p99_ms"], r["cpu_us"],
-            r["redis_us"], r["calls"], r["script_calls_by_node"].replace(",", ", "), r["non2xx"],
+            r["redis_us"], r["calls"], r["script_calls_by_node"].replace(",", ", "),
+            "%d" % r["connections"] if "connections" in r else "?", r["non2xx"],
             r["other_decisions"], r["connects"], r["error_lines"], r["other_cpu_pct"]))
     o.append("")
     o.append("*Other decisions*: decisions the module counted with a status other than `PASSED` "
              "(0 expected: the limit is never reached, and a failure would be `FAILED_CLOSED`). "
              "*Redis connects*: connections the workers opened during the measured seconds (0 "
-             "expected: the pools are open after the warm-up, so no handshake is measured). "
+             "expected: the pools are open after the warm-up, so no handshake is measured); "
+             "*connections open*: at the end of the run, all workers and nodes (a worker opens "
+             "another, up to `pool_size` per node, when each open one carries 16 decisions in "
+             "flight; decisions spread over more connections make smaller batches). "
              "*Other CPU*: the share of the machine's CPU that processes other than this "
              "benchmark's (wrk, nginx, Redis) took during the run.")
     with open(out, "w") as f:
