@@ -12,6 +12,8 @@
 #   make docker-build | docker-smoke | docker-test   the image, its smoke test, make test in it
 #   make bench          wrk benchmark, unlimited vs limited location (bench/run.sh)
 #   make bench-compare  no limiter vs the article's Lua block vs this module (bench/compare.sh)
+#   make bench-topology one Redis over TCP vs a 3-primary Cluster vs TLS, nginx and Redis CPU
+#                       per decision (bench/topology.sh)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -98,7 +100,7 @@ $$sudo apt-get install -y -q --no-install-recommends $$missing
 endef
 
 .PHONY: build build-system run test test-unit test-vendored test-system test-fuzz test-valgrind \
-        bench bench-compare \
+        bench bench-compare bench-topology \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
         deps-bench deps-docker \
@@ -379,6 +381,11 @@ bench: deps-bench
 bench-compare: deps-bench
 	$(MAKE) build-system
 	bench/compare.sh
+
+# One Redis over TCP vs a 3-primary Cluster vs TLS, the module's allow path (about 4 minutes).
+bench-topology: deps-bench
+	$(MAKE) build-system
+	bench/topology.sh
 
 fmt:
 	$(CARGO) fmt --all
