@@ -117,15 +117,7 @@ fi
 # --- processes --------------------------------------------------------------------------------
 tmp=$(mktemp -d /tmp/ngx-ratelimit-compare.XXXXXX)
 redis_pid=""
-stop_nginx() {
-    local pid
-    [ -s "$tmp/nginx.pid" ] || return 0
-    pid=$(cat "$tmp/nginx.pid")
-    kill -QUIT "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$tmp/nginx.pid"
-}
+stop_nginx() { stop_nginx_pidfile "$tmp/nginx.pid"; }
 cleanup() {
     stop_nginx
     stop_pid "$redis_pid"
@@ -158,18 +150,7 @@ start_nginx() {  # start_nginx workers
 load_module $MODDIR/ndk_http_module.so;
 load_module $MODDIR/ngx_http_lua_module.so;
 load_module $MODULE;
-worker_processes $1;
-error_log $tmp/logs/error.log warn;
-pid $tmp/nginx.pid;
-events { worker_connections 1024; }
-http {
-    default_type text/html;
-    access_log off;
-    client_body_temp_path $tmp/tmp/client_body;
-    proxy_temp_path $tmp/tmp/proxy;
-    fastcgi_temp_path $tmp/tmp/fastcgi;
-    uwsgi_temp_path $tmp/tmp/uwsgi;
-    scgi_temp_path $tmp/tmp/scgi;
+$(nginx_conf_head "$tmp" "$1")
     # Debian's LuaJIT default path has /usr/share/lua/5.1 already; say it so that another
     # LuaJIT build still finds nginx/redis.lua.
     lua_package_path "/usr/share/lua/5.1/?.lua;;";

@@ -9,12 +9,44 @@ stop_pid() {
     kill -KILL "$pid" 2>/dev/null || true
 }
 
+# Stops the nginx whose master pid is in a pid file (graceful QUIT, up to 5 s, then KILL).
+stop_nginx_pidfile() {
+    local pid pf=$1
+    [ -s "$pf" ] || return 0
+    pid=$(cat "$pf")
+    kill -QUIT "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$pf"
+}
+
+# The head every benchmark's nginx.conf shares, up to the inside of `http {`: one directory
+# holds the logs, the pid file and the temporary files. nginx_conf_head dir workers
+nginx_conf_head() {
+    cat <<EOF
+worker_processes $2;
+error_log $1/logs/error.log warn;
+pid $1/nginx.pid;
+events { worker_connections 1024; }
+http {
+    default_type text/html;
+    access_log off;
+    client_body_temp_path $1/tmp/client_body;
+    proxy_temp_path $1/tmp/proxy;
+    fastcgi_temp_path $1/tmp/fastcgi;
+    uwsgi_temp_path $1/tmp/uwsgi;
+    scgi_temp_path $1/tmp/scgi;
+EOF
+}
+
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Below the kernel's ephemeral range (32768 and up here), from which the benchmark's own
+# outgoing connections take their ports: none can take this one before the server binds it.
 free_port() {  # a free loopback port, not one of the arguments
     local p
     for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 30000))
+        p=$((10000 + RANDOM % 22000))
         case " $* " in *" $p "*) continue;; esac
         port_in_use "$p" || { echo "$p"; return 0; }
     done

@@ -82,18 +82,7 @@ chmod -R a+rX "$tmp"
 
 cat > "$tmp/nginx.conf" <<EOF
 load_module $MODULE;
-worker_processes 1;
-error_log $tmp/logs/error.log warn;
-pid $tmp/nginx.pid;
-events { worker_connections 1024; }
-http {
-    default_type text/html;
-    access_log off;
-    client_body_temp_path $tmp/tmp/client_body;
-    proxy_temp_path $tmp/tmp/proxy;
-    fastcgi_temp_path $tmp/tmp/fastcgi;
-    uwsgi_temp_path $tmp/tmp/uwsgi;
-    scgi_temp_path $tmp/tmp/scgi;
+$(nginx_conf_head "$tmp" 1)
 
     ratelimit_redis 127.0.0.1:$rport;
     ratelimit_zone bench key=\$http_x_consumer_id limit=$LIMIT window=$WINDOW;

@@ -112,15 +112,7 @@ fi
 tmp=$(mktemp -d /tmp/ngx-ratelimit-topology.XXXXXX)
 declare -a REDIS_PIDS=()
 declare -A NPORT=() WORKERS_OF=() SKIPPED=()
-stop_nginx() {  # stop_nginx variant
-    local pid pf=$tmp/$1/nginx.pid
-    [ -s "$pf" ] || return 0
-    pid=$(cat "$pf")
-    kill -QUIT "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$pf"
-}
+stop_nginx() { stop_nginx_pidfile "$tmp/$1/nginx.pid"; }  # stop_nginx variant
 cleanup() {
     local v pid
     for v in plain cluster tls; do stop_nginx "$v"; done
@@ -132,15 +124,9 @@ trap 'exit 130' INT TERM
 
 # new_port: a free port, none handed out before, in $PORT (not $(...): the list must persist).
 USED_PORTS=""
-# Outside the kernel's ephemeral range when possible: there a port free now can be taken by an
-# outgoing connection (of anything on the machine) before the server binds it.
-read -r EPH_LO EPH_HI < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || { EPH_LO=0; EPH_HI=0; }
 new_port() {
-    for _ in $(seq 1 100); do
-        # shellcheck disable=SC2086
-        PORT=$(free_port $USED_PORTS) || exit 1
-        [ "$PORT" -lt "$EPH_LO" ] || [ "$PORT" -gt "$EPH_HI" ] && break
-    done
+    # shellcheck disable=SC2086
+    PORT=$(free_port $USED_PORTS) || exit 1
     USED_PORTS+=" $PORT"
 }
 
@@ -267,18 +253,7 @@ write_conf() {  # write_conf variant workers
     printf '%s' "$page" > "$d/html/module/index.html"
     cat > "$d/nginx.conf" <<EOF
 load_module $MODULE;
-worker_processes $2;
-error_log $d/logs/error.log warn;
-pid $d/nginx.pid;
-events { worker_connections 1024; }
-http {
-    default_type text/html;
-    access_log off;
-    client_body_temp_path $d/tmp/client_body;
-    proxy_temp_path $d/tmp/proxy;
-    fastcgi_temp_path $d/tmp/fastcgi;
-    uwsgi_temp_path $d/tmp/uwsgi;
-    scgi_temp_path $d/tmp/scgi;
+$(nginx_conf_head "$d" "$2")
 
     $(redis_directive "$v")
     ratelimit_zone bench key=\$http_x_consumer_id limit=$LIMIT window=$WINDOW;
