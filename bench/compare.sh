@@ -335,25 +335,11 @@ stop_nginx
 elapsed=$(( $(date +%s) - start_time ))
 
 # --- report -----------------------------------------------------------------------------------
-module_commit="unknown"
-if git -C "$(dirname "$MODULE")" rev-parse --short HEAD >/dev/null 2>&1; then
-    module_commit=$(git -C "$(dirname "$MODULE")" rev-parse --short HEAD)
-    git -C "$(dirname "$MODULE")" diff --quiet HEAD -- ':/src' ':/lua' ':/Cargo.toml' ':/Cargo.lock' 2>/dev/null \
-        || module_commit+=" (+uncommitted changes in src/ or lua/)"
-fi
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo "?"; }
 {
-    printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
-    printf 'arch\t%s\n' "$(uname -m)"
-    printf 'cpu\t%s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
-    printf 'ncpu\t%s\n' "$(nproc)"
+    bench_meta_env
     printf 'nginx\t%s\n' "$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')"
     printf 'lua_module\t%s\n' "libnginx-mod-http-lua $(pkgver libnginx-mod-http-lua), lua-nginx-redis $(pkgver lua-nginx-redis), LuaJIT $(pkgver libluajit2-5.1-2)"
-    printf 'redis\t%s\n' "$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
-    printf 'wrk\t%s\n' "$(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
-    printf 'commit\t%s\n' "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    printf 'module_commit\t%s\n' "$module_commit"
-    printf 'module_sha256\t%s\n' "$(sha256sum "$MODULE" | cut -c1-16)"
     printf 'threads\t%s\nconns\t%s\nduration\t%s\nrounds\t%s\nwarmup\t%s\nids\t%s\n' \
         "$THREADS" "$CONNS" "$DURATION" "$ROUNDS" "$WARMUP" "$IDS"
     printf 'load\t%s\n' "at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -52,3 +52,25 @@ free_port() {  # a free loopback port, not one of the arguments
     done
     die "no free loopback port found"
 }
+
+# The environment lines every benchmark's meta.tsv starts with: machine, tools, the repository
+# commit and the module's own (its sources' commit, and whether they had changes). Needs ROOT,
+# NGINX and MODULE.
+bench_meta_env() {
+    local module_commit="unknown" dir
+    dir=$(dirname "$MODULE")
+    if git -C "$dir" rev-parse --short HEAD >/dev/null 2>&1; then
+        module_commit=$(git -C "$dir" rev-parse --short HEAD)
+        git -C "$dir" diff --quiet HEAD -- ':/src' ':/lua' ':/Cargo.toml' ':/Cargo.lock' 2>/dev/null \
+            || module_commit+=" (+uncommitted changes in src/ or lua/)"
+    fi
+    printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+    printf 'arch\t%s\n' "$(uname -m)"
+    printf 'cpu\t%s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+    printf 'ncpu\t%s\n' "$(nproc)"
+    printf 'redis\t%s\n' "$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
+    printf 'wrk\t%s\n' "$(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
+    printf 'commit\t%s\n' "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    printf 'module_commit\t%s\n' "$module_commit"
+    printf 'module_sha256\t%s\n' "$(sha256sum "$MODULE" | cut -c1-16)"
+}
