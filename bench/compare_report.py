@@ -14,6 +14,8 @@ import csv
 import statistics
 import sys
 
+from report_meta import read_meta
+
 CONTENDERS = [("nolimit", "A no limiter"), ("lua", "B article Lua"), ("module", "C this module")]
 SCEN_ORDER = ["allow", "deny", "mix", "keys100k"]
 
@@ -39,12 +41,7 @@ def load(raw_path, meta_path):
             if calls:
                 cmds[name] = float(calls) / n if n else 0.0
         r["cmds"] = cmds
-    meta = {}
-    with open(meta_path) as f:
-        for line in f:
-            k, _, v = line.rstrip("\n").partition("\t")
-            meta[k] = v
-    return rows, meta
+    return rows, read_meta(meta_path)
 
 
 def groups(rows):

@@ -14,6 +14,8 @@ import csv
 import statistics
 import sys
 
+from report_meta import read_meta
+
 ORDER = ["plain", "cluster", "tls"]
 LABEL = {
     "plain": "plain: 1 server, TCP",
@@ -35,12 +37,7 @@ def load(raw_path, meta_path):
         r["redis_us"] = r["redis_cpu_s"] * 1e6 / d if d else 0.0
         r["calls"] = r["script_calls"] / d if d else 0.0
         r["p99_ms"] = r["p99_us"] / 1000.0
-    meta = {}
-    with open(meta_path) as f:
-        for line in f:
-            k, _, v = line.rstrip("\n").partition("\t")
-            meta[k] = v
-    return rows, meta
+    return rows, read_meta(meta_path)
 
 
 def fmt(x, digits):
