@@ -11,12 +11,12 @@ use ngx::ffi::{
     ngx_http_cleanup_add, ngx_http_discard_request_body, ngx_http_finalize_request,
     ngx_http_output_filter, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_send_header,
     ngx_int_t, ngx_str_t, ngx_uint_t, NGX_DONE, NGX_ERROR, NGX_HTTP_BAD_GATEWAY,
-    NGX_HTTP_BAD_REQUEST, NGX_HTTP_OK, NGX_OK,
+    NGX_HTTP_BAD_REQUEST, NGX_HTTP_NOT_ALLOWED, NGX_HTTP_OK, NGX_HTTP_POST, NGX_HTTP_PUT, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
-use crate::handler::{attach, detach, follow, submit, Follow, Retries};
-use crate::key::Key;
+use crate::handler::{attach, detach, follow, pool_copy, submit, zone_key, Follow, Retries};
+use crate::key::{percent_decode, substitute};
 use crate::module::RateLimit;
 use crate::params::parse_cost;
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
@@ -30,7 +30,8 @@ struct AdminCtx {
     retries: Retries,
 }
 
-/// `key=K` reads the balance, `&set=N` sets it, `&add=N` adds to it (N ≥ 0, at most 10⁹).
+/// `key=K` reads the balance, `&set=N` sets it, `&add=N` adds to it (N ≥ 0, at most 10⁹; by
+/// POST or PUT only). `K` is the value of the zone key's variable, percent-decoded.
 pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
         return NGX_ERROR as ngx_int_t;
@@ -60,8 +61,23 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
                     a whole number from 0 to 1000000000\"}\n";
         return respond(r, NGX_HTTP_BAD_REQUEST as ngx_uint_t, msg);
     };
+    if algorithm == Algorithm::BalanceAdmin
+        && (*r).method & (NGX_HTTP_POST | NGX_HTTP_PUT) as ngx_uint_t == 0
+    {
+        // A change by GET could be made by any page an operator's browser opens (CSRF).
+        let msg = b"{\"error\":\"set= and add= need POST or PUT\"}\n";
+        return respond(r, NGX_HTTP_NOT_ALLOWED as ngx_uint_t, msg);
+    }
     let zone = &mcf.zones[zi];
-    let key = Key::new(&redis.prefix, zone.name.as_bytes(), value);
+    // The key a request would use whose key variable is `key=`: exact keys, Cluster tags and
+    // long values alike.
+    let escape = redis.cluster && !zone.exact_key;
+    let Some(value) = substitute(&zone.key_text, &percent_decode(value), escape) else {
+        return NGX_ERROR as ngx_int_t;
+    };
+    let Some(key) = pool_copy(r, &value).and_then(|v| zone_key(r, redis, zone, v)) else {
+        return NGX_ERROR as ngx_int_t;
+    };
     let za = ZoneArgs {
         key,
         algorithm,

@@ -105,6 +105,9 @@ pub struct Zone {
     pub name: String,
     /// Compiled in the configuration pool.
     pub key: *mut ngx_http_complex_value_t,
+    /// The template as written: a shortened value keeps its literal head, and
+    /// `ratelimit_admin` puts its `key=` where the variable is.
+    pub key_text: Vec<u8>,
     /// The same template split at its literal braces, for Redis Cluster; empty without any.
     pub key_pieces: Vec<KeyPiece>,
     /// `crate::key::tag_template` of the key.

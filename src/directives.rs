@@ -414,7 +414,7 @@ unsafe extern "C" fn cmd_zone(
         return NGX_CONF_ERROR as _;
     }
     let (mut key, mut limit, mut window, mut clock) = (None, None, None, Clock::Redis);
-    let (mut key_pieces, mut tag) = (Vec::new(), None);
+    let (mut key_pieces, mut tag, mut key_text) = (Vec::new(), None, Vec::new());
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     let mut member = None;
@@ -424,6 +424,7 @@ unsafe extern "C" fn cmd_zone(
         let ok = match param {
             "key" => compile_complex_value(cf, arg, "key=".len()).and_then(|cv| {
                 key = Some(cv);
+                key_text = value.as_bytes().to_vec();
                 key_pieces = compile_key_pieces(cf, value)?;
                 tag = tag_template(value.as_bytes());
                 Some(())
@@ -532,6 +533,7 @@ unsafe extern "C" fn cmd_zone(
     mcf.zones.push(Zone {
         name: name.to_owned(),
         key,
+        key_text,
         key_pieces,
         tag,
         algorithm,
@@ -578,6 +580,17 @@ unsafe extern "C" fn cmd_admin(
         );
         return NGX_CONF_ERROR as _;
     };
+    let template = &mcf.zones[zone].key_text;
+    if crate::key::one_variable(template).is_none() {
+        let template = String::from_utf8_lossy(template);
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"ratelimit_admin\" needs the key of zone \"{name}\" to hold exactly one \
+             variable, whose value key= gives; it is \"{template}\""
+        );
+        return NGX_CONF_ERROR as _;
+    }
     lcf.admin_zone = Some(zone);
     clcf.handler = Some(crate::admin::content_handler);
     NGX_CONF_OK

@@ -19,7 +19,7 @@ use ngx::ngx_log_error;
 use crate::conf::{Clock, FailPolicy, KeyPiece, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::deny_cache::{Denial, DenyCache};
 use crate::headers::{self, Policy, Quota};
-use crate::key::{cluster_value, Key, Piece};
+use crate::key::{cluster_value, shorten, Key, Piece};
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
@@ -72,7 +72,7 @@ impl ZoneReq {
 
     /// The key as the deny cache knows it: short values only.
     fn cached_value(&self) -> Option<&[u8]> {
-        self.key.raw().filter(|v| v.len() <= DENY_CACHE_MAX_KEY)
+        Some(self.value()).filter(|v| v.len() <= DENY_CACHE_MAX_KEY)
     }
 
     fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
@@ -160,22 +160,13 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             ctx.status = Status::Rejected;
             return apply(ctx, lcf, mcf);
         }
-        // SAFETY: the prefix and the zone name live in the configuration and the value in the
-        // request's pool; the context that keeps the key lives in that pool too.
+        // SAFETY: the value lives in the request's pool, as the context that keeps the key does.
         let mut value = core::slice::from_raw_parts(value.data, value.len);
         if redis.cluster && !zone.exact_key {
             let Some(v) = cluster_key_value(r, zone, value) else { return NGX_ERROR as ngx_int_t };
             value = v;
         }
-        let key = if zone.exact_key {
-            Key::exact(value)
-        } else {
-            Key::new(
-                &*ptr::from_ref(redis.prefix.as_slice()),
-                &*ptr::from_ref(zone.name.as_bytes()),
-                value,
-            )
-        };
+        let Some(key) = zone_key(r, redis, zone, value) else { return NGX_ERROR as ngx_int_t };
         let member = match zone.member {
             // SAFETY: the value lives in the request's pool, as the context does.
             Some(cv) => match eval(r, cv) {
@@ -246,7 +237,38 @@ unsafe fn cluster_key_value(
         }
         cluster_value(pieces.into_iter())
     };
-    let p = ngx_pnalloc((*r).pool, bytes.len()) as *mut u8;
+    pool_copy(r, &bytes)
+}
+
+/// The Redis key of `zone` for the key value a request evaluated (cluster-escaped already), as
+/// the request path and `ratelimit_admin` both build it; a value too long is shortened into the
+/// request's pool.
+pub unsafe fn zone_key(
+    r: *mut ngx_http_request_t,
+    redis: &RedisConf,
+    zone: &Zone,
+    value: &'static [u8],
+) -> Option<Key<'static>> {
+    let value = match shorten(value, &zone.key_text, redis.cluster) {
+        Some(short) => pool_copy(r, &short)?,
+        None => value,
+    };
+    Some(if zone.exact_key {
+        Key::exact(value)
+    } else {
+        // SAFETY: the prefix and the zone name live in the configuration, which outlives the
+        // request.
+        Key::new(
+            &*ptr::from_ref(redis.prefix.as_slice()),
+            &*ptr::from_ref(zone.name.as_bytes()),
+            value,
+        )
+    })
+}
+
+/// `bytes` copied into the request's pool, which outlives everything that keeps them.
+pub unsafe fn pool_copy(r: *mut ngx_http_request_t, bytes: &[u8]) -> Option<&'static [u8]> {
+    let p = ngx_pnalloc((*r).pool, bytes.len().max(1)) as *mut u8;
     if p.is_null() {
         return None;
     }

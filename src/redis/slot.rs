@@ -39,6 +39,14 @@ pub fn crc16(data: &[u8]) -> u16 {
     data.iter().fold(0, |crc, &b| crc16_update(crc, b))
 }
 
+/// The hash tag of a key, as Redis finds it: after the first `{`, up to the next `}`, if not
+/// empty.
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
 /// The cluster slot of the key made of `parts` concatenated, by Redis' rule: if the key has a
 /// `{`, and after the first `{` a `}`, and at least one byte lies between them, only those bytes
 /// are hashed; otherwise the whole key is. Braces are found across part boundaries.
