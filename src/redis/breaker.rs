@@ -111,9 +111,10 @@ impl Breaker {
 }
 
 /// Error replies after which Redis cannot decide anything for now: they count as failures.
-/// Others (`WRONGTYPE` for one key, `NOSCRIPT`) say nothing about the server.
+/// Others (`WRONGTYPE` or `NOPERM` for one key, `NOSCRIPT`) say nothing about the server: a
+/// client that sends a key the ACL refuses must not open the breaker for everyone.
 pub fn unusable(error: &[u8]) -> bool {
-    const PREFIXES: [&[u8]; 10] = [
+    const PREFIXES: [&[u8]; 9] = [
         b"CLUSTERDOWN",
         b"LOADING",
         b"BUSY",
@@ -121,11 +122,16 @@ pub fn unusable(error: &[u8]) -> bool {
         b"OOM",
         b"NOAUTH",
         b"WRONGPASS",
-        b"NOPERM",
         b"MASTERDOWN",
         b"MISCONF",
     ];
     PREFIXES.iter().any(|p| error.starts_with(p))
+}
+
+/// A call refused before it ran because of the keys it declared (the ACL's key patterns): one
+/// decision's keys may be the cause, and the call applied nothing.
+pub fn refused_keys(error: &[u8]) -> bool {
+    error.starts_with(b"NOPERM")
 }
 
 /// Error replies only a Redis Cluster node gives: pointed at one without `cluster=on`, every
@@ -211,14 +217,21 @@ mod tests {
             "NOAUTH Authentication required",
             "MASTERDOWN Link",
             "WRONGPASS invalid username-password pair",
-            "NOPERM this user has no permissions",
             "CLUSTERDOWN The cluster is down",
         ] {
             assert!(unusable(e.as_bytes()), "{e}");
         }
-        for e in ["WRONGTYPE Operation", "NOSCRIPT No matching script", "ERR ratelimit: bad"] {
+        // One key's refusal says nothing about the server: a client could open the breaker.
+        for e in [
+            "WRONGTYPE Operation",
+            "NOSCRIPT No matching script",
+            "ERR ratelimit: bad",
+            "NOPERM this user has no permissions to access one of the keys",
+        ] {
             assert!(!unusable(e.as_bytes()), "{e}");
         }
+        assert!(refused_keys(b"NOPERM No permissions to access a key"));
+        assert!(!refused_keys(b"WRONGTYPE Operation"));
     }
 
     #[test]

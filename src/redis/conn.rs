@@ -21,10 +21,12 @@ use ngx::ffi::{
     ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
 
+use super::breaker;
 use super::node::NodePool;
 use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
-use super::resp;
+use super::resp::{self, Reply};
 use super::tls;
+use super::topology::redirect_from;
 use crate::metrics::{Counter, Gauge};
 use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 
@@ -70,6 +72,8 @@ struct Sent {
     setup: Option<Setup>,
     /// The same moment on a clock finer than nginx's ms, for the round-trip histogram.
     written: Instant,
+    /// The most bytes its reply may take.
+    max_reply: usize,
 }
 
 pub struct Conn {
@@ -84,9 +88,9 @@ pub struct Conn {
     out_pos: usize,
     inbuf: Vec<u8>,
     queued: VecDeque<Queued>,
-    /// Decisions written, oldest first, by sequence number; `None` is a request that went away,
-    /// whose reply is read and dropped.
-    in_flight: VecDeque<(u64, Option<NonNull<Waiter>>)>,
+    /// Decisions written, oldest first, by sequence number, with what was sent for them;
+    /// `None` is a request that went away, whose reply is read and dropped.
+    in_flight: VecDeque<(u64, Option<NonNull<Waiter>>, Command)>,
     /// Commands written, oldest first: one reply each.
     sent: VecDeque<Sent>,
     next_seq: u64,
@@ -178,6 +182,7 @@ impl Conn {
                     decides: 0,
                     setup: Some(step),
                     written: Instant::now(),
+                    max_reply: resp::MAX_REPLY_LEN,
                 });
                 conn.setting_up += 1;
             }
@@ -226,8 +231,8 @@ impl Conn {
             conn.queued.remove(i);
             return;
         }
-        let i = conn.in_flight.partition_point(|&(s, _)| s < seq);
-        if let Some(slot) = conn.in_flight.get_mut(i).filter(|(s, _)| *s == seq) {
+        let i = conn.in_flight.partition_point(|&(s, _, _)| s < seq);
+        if let Some(slot) = conn.in_flight.get_mut(i).filter(|(s, _, _)| *s == seq) {
             slot.1 = None;
         }
     }
@@ -251,7 +256,7 @@ impl Conn {
             ngx_close_connection(conn.c());
             tls::destroy_pool(tls_pool);
             let queued = conn.queued.iter().map(|q| q.waiter);
-            for w in conn.in_flight.iter().filter_map(|&(_, w)| w).chain(queued) {
+            for w in conn.in_flight.iter().filter_map(|&(_, w, _)| w).chain(queued) {
                 complete(w, Err(why.clone()));
             }
         }
@@ -276,19 +281,20 @@ impl Conn {
             if let Payload::Raw(bytes) = head.payload {
                 // SAFETY: a queued command is pending, and its owner keeps its bytes meanwhile.
                 self.out.extend_from_slice(unsafe { bytes.as_ref() });
-                self.sent.push_back(Sent { at: now, decides: 1, setup: None, written });
+                let max_reply = resp::MAX_TOPOLOGY_REPLY_LEN;
+                self.sent.push_back(Sent { at: now, decides: 1, setup: None, written, max_reply });
                 metrics.gauge(Gauge::InFlight, 1);
                 let q = self.queued.pop_front().expect("head");
-                self.in_flight.push_back((q.seq, Some(q.waiter)));
+                self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
                 continue;
             }
             let room = MAX_IN_FLIGHT - self.in_flight.len();
-            let most = if head.asking { 1 } else { room.min(MAX_BATCH_DECISIONS) };
+            let most = if head.asking || head.alone { 1 } else { room.min(MAX_BATCH_DECISIONS) };
             let (mut bytes, mut reload) = (0, false);
             batch.clear();
             for q in self.queued.iter().take(most) {
                 let Payload::Decision(args) = q.cmd.payload else { break };
-                if !batch.is_empty() && (q.cmd.asking || q.cmd.slot != head.slot) {
+                if !batch.is_empty() && (q.cmd.asking || q.cmd.alone || q.cmd.slot != head.slot) {
                     break;
                 }
                 // SAFETY: a queued decision is pending (a cancelled one left the queue), so
@@ -304,19 +310,32 @@ impl Conn {
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
                 script::write_script_load(&mut self.out, script::script());
-                self.sent.push_back(Sent { at: now, decides: 0, setup: None, written });
+                self.sent.push_back(Sent {
+                    at: now,
+                    decides: 0,
+                    setup: None,
+                    written,
+                    max_reply: resp::MAX_REPLY_LEN,
+                });
                 metrics.count(Counter::ScriptLoads);
             }
             if head.asking {
                 // Lets the importing node serve the next command only; its `+OK` is dropped.
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
-                self.sent.push_back(Sent { at: now, decides: 0, setup: None, written });
+                self.sent.push_back(Sent {
+                    at: now,
+                    decides: 0,
+                    setup: None,
+                    written,
+                    max_reply: resp::MAX_REPLY_LEN,
+                });
             }
             script::write_batch(&mut self.out, script::script(), &batch);
-            self.sent.push_back(Sent { at: now, decides: batch.len(), setup: None, written });
+            let (decides, max_reply) = (batch.len(), resp::MAX_REPLY_LEN);
+            self.sent.push_back(Sent { at: now, decides, setup: None, written, max_reply });
             metrics.gauge(Gauge::InFlight, batch.len() as i64);
             for q in self.queued.drain(..batch.len()) {
-                self.in_flight.push_back((q.seq, Some(q.waiter)));
+                self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
             }
         }
     }
@@ -401,7 +420,9 @@ impl Conn {
         let eof = loop {
             let mut drained = false;
             let mut eof = false;
-            while conn.inbuf.len() <= resp::MAX_REPLY_LEN {
+            let limit =
+                |conn: &Conn| conn.sent.front().map_or(resp::MAX_REPLY_LEN, |s| s.max_reply);
+            while conn.inbuf.len() <= limit(conn) {
                 conn.inbuf.reserve(READ_CHUNK);
                 let len = conn.inbuf.len();
                 let spare = conn.inbuf.capacity() - len;
@@ -421,9 +442,16 @@ impl Conn {
             }
             let mut pos = 0;
             loop {
-                match resp::decode(&conn.inbuf[pos..]) {
-                    Ok(Some((reply, used))) => {
+                match resp::decode_within(&conn.inbuf[pos..], limit(conn)) {
+                    Ok(Some((mut reply, used))) => {
                         pos += used;
+                        if let Reply::Error(e) = &reply {
+                            // `MOVED 3999 :6381` means this node's host.
+                            let asked = || pool.addr.node_addr();
+                            if let Some(e) = asked().and_then(|a| redirect_from(e, &a)) {
+                                reply = Reply::Error(e);
+                            }
+                        }
                         let late = conn.overdue();
                         let Some(sent) = conn.sent.pop_front() else {
                             return Conn::close(this, RedisError::UnexpectedReply, true);
@@ -450,20 +478,41 @@ impl Conn {
                         let n = sent.decides;
                         pool.metrics.gauge(Gauge::InFlight, -(n as i64));
                         pool.metrics.round_trip(sent.written.elapsed().as_micros() as u64);
-                        let decisions = conn.in_flight.drain(..n).map(|(_, w)| w);
-                        match script::split_batch(reply, n) {
+                        let reply = match script::split_batch(reply, n) {
                             Ok(replies) => {
-                                for (w, reply) in decisions.zip(replies) {
+                                for ((_, w, _), reply) in conn.in_flight.drain(..n).zip(replies) {
                                     if let Some(w) = w {
                                         complete(w, Ok(reply));
                                     }
                                 }
+                                continue;
                             }
-                            // Concerns the whole call (`NOSCRIPT`): every decision of it.
-                            Err(reply) => {
-                                for w in decisions.flatten() {
-                                    complete(w, Ok(reply.clone()));
-                                }
+                            Err(reply) => reply,
+                        };
+                        if n > 1 && matches!(&reply, Reply::Error(e) if breaker::refused_keys(e)) {
+                            // Refused before it ran, for the keys of one of its decisions
+                            // (`NOPERM`): nothing was applied. Each goes again in a call of its
+                            // own, so that only the one at fault gets the refusal.
+                            let again: Vec<Queued> = conn
+                                .in_flight
+                                .drain(..n)
+                                .filter_map(|(seq, w, cmd)| {
+                                    Some(Queued {
+                                        seq,
+                                        waiter: w?,
+                                        cmd: Command { alone: true, ..cmd },
+                                    })
+                                })
+                                .collect();
+                            for q in again.into_iter().rev() {
+                                conn.queued.push_front(q);
+                            }
+                            continue;
+                        }
+                        // Concerns the whole call (`NOSCRIPT`): every decision of it.
+                        for (_, w, _) in conn.in_flight.drain(..n) {
+                            if let Some(w) = w {
+                                complete(w, Ok(reply.clone()));
                             }
                         }
                     }

@@ -112,6 +112,8 @@ pub struct Command {
     pub reload: bool,
     /// After a Cluster `ASK`: sent alone, right after `ASKING`.
     pub asking: bool,
+    /// In a call of its own: its call with others was refused for one decision's keys.
+    pub alone: bool,
     /// On a Cluster, the slot of the decision's keys: one script call never spans two.
     /// `None` on one server, where any decisions may share a call.
     pub slot: Option<u16>,
@@ -120,7 +122,7 @@ pub struct Command {
 impl Command {
     pub fn decision(args: &EncodedArgs, reload: bool) -> Command {
         let payload = Payload::Decision(NonNull::from(args));
-        Command { payload, reload, asking: false, slot: None }
+        Command { payload, reload, asking: false, alone: false, slot: None }
     }
 
     /// The command as a Cluster sends it: with its keys' slot.

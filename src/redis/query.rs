@@ -57,6 +57,7 @@ impl Query {
             payload: Payload::Raw(NonNull::from(&*(*q).bytes)),
             reload: false,
             asking: false,
+            alone: false,
             slot: None,
         };
         let waiter = NonNull::new_unchecked(ptr::addr_of_mut!((*q).waiter));
