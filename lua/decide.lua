@@ -33,7 +33,9 @@
 --             "q": always the ms to the period's end, when the whole limit is back
 --             "b": always 0, only an operator refills a balance ("B": the same, remaining is
 --             the balance written)
--- or an error for that decision alone (bad arguments, a key holding other data).
+-- or an error for that decision alone (bad arguments, a key holding other data or figures out of
+-- range). Every value read is checked before anything is written, so a decision that fails
+-- writes nothing, and the decisions before and after it in the call stand.
 -- A call of one decision answers that decision's reply itself; a call of several, the array of
 -- their replies in order. Keys that do not add up fail the whole call.
 --
@@ -46,6 +48,22 @@ local pcall_redis, call = redis.pcall, redis.call
 local pack, unpack_struct = struct.pack, struct.unpack
 
 local EXACT = 2 ^ 53
+-- Times read back (ms since the epoch) must be below this (the year 10889) to be ours; so must
+-- a reset, which Redis turns into an integer.
+local MAX_TIME = 2 ^ 48
+-- A balance is a decimal integer of at most 15 digits: exact in a double, and DECRBY or
+-- INCRBY by at most 10^9 can never overflow it.
+local BALANCE_PATTERN = '^%-?%d+$'
+local MAX_BALANCE_LEN = 16
+
+-- An error for one decision about one key, short enough for any client's reply-line limit
+-- whatever the key's length.
+local function key_error(kind, key, what)
+  if #key > 100 then
+    key = string.sub(key, 1, 100) .. '...'
+  end
+  return redis.error_reply(kind .. ' ratelimit: ' .. key .. ' ' .. what)
+end
 -- q, r with a * b = q * c + r, 0 <= r < c, for integers a < 2^32, c < 2^36, b and q < 2^53.
 -- A double quotient of integers below 2^53 is never off by enough to change its floor.
 local function muldiv(a, b, c)
@@ -195,6 +213,18 @@ repeat
         -- The log does not burst: that field carries the member, a string that must not be empty.
         burst = ARGV[p + 4] ~= '' and 0 or nil
       end
+      for j = 1, i - 1 do
+        -- Two zones of one decision on one key (exact keys) must count it alike, or one
+        -- would write what the other cannot read.
+        if KEYS[k + j] == key and ARGV[a + 1 + 5 * (j - 1)] ~= alg then
+          result = redis.error_reply('ERR ratelimit: zones ' .. j .. ' and ' .. i
+            .. ' share a key with different algorithms')
+          break
+        end
+      end
+      if result then
+        break
+      end
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
           or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
             and alg ~= 'q' and alg ~= 'b' and alg ~= 'B')
@@ -214,8 +244,13 @@ repeat
         end
         if v and not (alg == 'c' and #v == COUNTER_LEN or alg == 'g' and #v == GCRA_LEN
             or alg == 'p' and #v % PACKED_LEN == 0 or alg == 'q' and #v == QUOTA_LEN
-            or (alg == 'b' or alg == 'B') and string.match(v, '^%-?%d+$')) then
-          result = redis.error_reply('WRONGTYPE ratelimit: ' .. key .. ' holds other data')
+            or (alg == 'b' or alg == 'B') and string.match(v, BALANCE_PATTERN)) then
+          result = key_error('WRONGTYPE', key, 'holds other data')
+          break
+        end
+        -- Only setting a balance may replace one too large to count with.
+        if v and (alg == 'b' or alg == 'B' and w == 2) and #v > MAX_BALANCE_LEN then
+          result = key_error('ERR', key, 'holds a balance out of range (15 digits at most)')
           break
         end
       end
@@ -230,6 +265,10 @@ repeat
           break
         end
         local read, oldest, removed = #e / 2, tonumber(e[2]), 0
+        if oldest and not (oldest < MAX_TIME) then
+          result = key_error('WRONGTYPE', key, 'holds scores that are not times')
+          break
+        end
         if oldest and oldest <= now - w then
           removed = call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - w))
           -- One removed: the second oldest is the oldest now. More: not known yet.
@@ -304,6 +343,10 @@ repeat
         local ms, r = now, 0
         if v then
           ms, r = unpack_struct(GCRA_FORMAT, v)
+          if not (ms >= 0 and ms < MAX_TIME) then
+            result = key_error('WRONGTYPE', key, 'holds other data')
+            break
+          end
           -- r counts 1/limit ms of the limit it was stored with; after a lower limit (a plan
           -- change through a variable) it may not fit: round up to the next ms, < 1 ms late.
           if r >= limit then
@@ -533,6 +576,10 @@ repeat
           local kq, kr = muldiv(burst - remaining - 1, w, limit)
           reset = max(0, ms - now - kq + (r > kr and 1 or 0))
         end
+      end
+      if not (reset < MAX_TIME) then
+        -- Only from scores someone else wrote (inf): the longest wait the zone can have.
+        reset = w
       end
       result[#result + 1] = ok and 1 or 0
       result[#result + 1] = remaining
