@@ -50,11 +50,10 @@ impl Cluster {
     pub fn create(conf: &RedisConf, metrics: Metrics) -> NonNull<Cluster> {
         let mut pools = Vec::new();
         for seed in &conf.seeds {
-            let Ok(addr) = seed.name.parse::<NodeAddr>() else { continue };
-            pools.push((
-                addr,
-                NodePool::create(conf, Addr::configured(seed), metrics, Role::Cluster),
-            ));
+            // Known by the address it resolved to, as the cluster's own tables name nodes.
+            let addr = Addr::configured(seed);
+            let Some(node) = addr.node_addr() else { continue };
+            pools.push((node, NodePool::create(conf, addr, metrics, Role::Cluster)));
         }
         let seeds = pools.len();
         let cluster = Box::new(Cluster {
@@ -180,7 +179,10 @@ impl Cluster {
         };
         let pick = (0..n).map(|i| (self.next + i) % n).find(|&i| healthy(&self.pools[i].1));
         let pick = pick.or((n > 0).then(|| self.next % n));
-        let Some(i) = pick else { return };
+        let Some(i) = pick else {
+            self.arm(REFRESH_EVERY as ngx_msec_t);
+            return;
+        };
         self.next = i + 1;
         let (addr, node) = self.pools[i].clone();
         let cmd = resp::command(&[b"CLUSTER", b"SLOTS"]).into_boxed_slice();
@@ -268,8 +270,11 @@ unsafe fn refreshed(owner: *mut c_void, result: Result<Reply, RedisError>) {
     c.arm(PERIOD - JITTER + jitter);
 }
 
+/// Called from inside the node's failure path, maybe with one of its connections borrowed in
+/// the middle of a read or a close: the refresh, which may queue on that very connection, runs
+/// from the timer instead, at the next turn of the event loop.
 unsafe fn node_failed(cluster: *mut c_void, _node: NonNull<NodePool>, _why: &RedisError) {
-    (*(cluster as *mut Cluster)).refresh();
+    (*(cluster as *mut Cluster)).arm(0);
 }
 
 unsafe extern "C" fn on_timer(ev: *mut ngx_event_t) {

@@ -18,6 +18,7 @@ use super::conn::{Conn, Setup, MAX_OUTSTANDING};
 use super::pool::{log, Command, RedisError, Token, Waiter};
 use super::query::Query;
 use super::resp::Reply;
+use super::topology::NodeAddr;
 use crate::conf::{RedisConf, SeedAddr};
 use crate::metrics::{Counter, Gauge, Metrics};
 
@@ -89,6 +90,29 @@ impl Addr {
 
     pub fn sockaddr(&self) -> (*mut sockaddr, socklen_t) {
         (self.sockaddr, self.socklen)
+    }
+
+    /// The IP address and port it stands for, as Redis Cluster names nodes; `None` for a unix
+    /// socket. A seed written without its port, or by host name, is still the node the cluster
+    /// announces by IP.
+    pub fn node_addr(&self) -> Option<NodeAddr> {
+        // SAFETY: `sockaddr` points to a socket address of `socklen` bytes, of the family it
+        // says (nginx's ngx_parse_url, or `learned`).
+        unsafe {
+            match i32::from((*self.sockaddr).sa_family) {
+                f if f == AF_INET as i32 => {
+                    let sin = &*(self.sockaddr as *const sockaddr_in);
+                    let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                    Some(NodeAddr::new(ip.to_string(), u16::from_be(sin.sin_port)))
+                }
+                f if f == AF_INET6 as i32 => {
+                    let sin6 = &*(self.sockaddr as *const sockaddr_in6);
+                    let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.__in6_u.__u6_addr8);
+                    Some(NodeAddr::new(ip.to_string(), u16::from_be(sin6.sin6_port)))
+                }
+                _ => None,
+            }
+        }
     }
 }
 

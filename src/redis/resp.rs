@@ -51,17 +51,26 @@ impl fmt::Display for ProtocolError {
 /// so without this a peer could make a worker buffer gigabytes of one endless reply.
 pub const MAX_REPLY_LEN: usize = 2 * MAX_BULK_LEN;
 
+/// The most bytes of a reply to the worker's own commands (`CLUSTER SLOTS`): a cluster whose
+/// 16,384 slots alternate between nodes, each with several replicas, answers several MiB.
+pub const MAX_TOPOLOGY_REPLY_LEN: usize = 16 << 20;
+
 /// Decodes one reply from the start of `buf`.
 ///
 /// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
 /// one complete reply.
 pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
-    // Only the first MAX_REPLY_LEN + 1 bytes are ever looked at, so that how reads split the
-    // stream never changes the outcome, and a reply longer than that is too large.
-    let view = &buf[..buf.len().min(MAX_REPLY_LEN + 1)];
+    decode_within(buf, MAX_REPLY_LEN)
+}
+
+/// [`decode`] for a reply allowed to take up to `limit` bytes.
+pub fn decode_within(buf: &[u8], limit: usize) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    // Only the first limit + 1 bytes are ever looked at, so that how reads split the stream
+    // never changes the outcome, and a reply longer than that is too large.
+    let view = &buf[..buf.len().min(limit + 1)];
     match decode_at(view, 0, 0)? {
-        Some((_, used)) if used > MAX_REPLY_LEN => Err(ProtocolError::TooLarge),
-        None if view.len() > MAX_REPLY_LEN => Err(ProtocolError::TooLarge),
+        Some((_, used)) if used > limit => Err(ProtocolError::TooLarge),
+        None if view.len() > limit => Err(ProtocolError::TooLarge),
         done => Ok(done),
     }
 }

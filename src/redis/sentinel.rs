@@ -216,8 +216,10 @@ impl Sentinel {
         // a failure here reaches `lost` like any other.
         let timeout = (*s).conf().timeout;
         let sent = Query::start(node, PING.into(), false, timeout, s as *mut c_void, verified);
-        if let Ok(q) = sent {
-            (*s).verifying = Some((q, node));
+        // A check of an earlier primary must not take this one's place when it answers.
+        if let Some((q, _)) = core::mem::replace(&mut (*s).verifying, sent.ok().map(|q| (q, node)))
+        {
+            Query::cancel(q);
         }
     }
 

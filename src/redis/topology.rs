@@ -202,6 +202,20 @@ pub fn parse_redirect(err: &[u8]) -> Option<Redirect> {
     }
 }
 
+/// A redirection with an empty host (`MOVED 3999 :6381`, `cluster-preferred-endpoint-type
+/// unknown-endpoint`) written out with the host of `asked`, the node that answered it; `None`
+/// when the reply needs no change.
+pub fn redirect_from(err: &[u8], asked: &NodeAddr) -> Option<Vec<u8>> {
+    let (kind, slot, to) = match parse_redirect(err)? {
+        Redirect::Moved { slot, to } => ("MOVED", slot, to),
+        Redirect::Ask { slot, to } => ("ASK", slot, to),
+    };
+    if !to.host.is_empty() {
+        return None;
+    }
+    Some(format!("{kind} {slot} {}", to.or_host_of(asked)).into_bytes())
+}
+
 /// Slot → node index, per worker: 32 KiB of indices into a node list.
 #[derive(Debug, Clone)]
 pub struct SlotTable {
@@ -543,6 +557,14 @@ mod tests {
             assert_eq!(m(bad), None, "{bad:?}");
         }
         assert_eq!(parse_redirect(b"MOVED 1 \xff:1"), None);
+        let asked = NodeAddr::new("10.0.0.5", 7000);
+        assert_eq!(
+            redirect_from(b"MOVED 13646 :7002", &asked).unwrap(),
+            b"MOVED 13646 10.0.0.5:7002"
+        );
+        assert_eq!(redirect_from(b"ASK 1 :7003", &asked).unwrap(), b"ASK 1 10.0.0.5:7003");
+        assert_eq!(redirect_from(b"MOVED 1 10.0.0.6:7003", &asked), None);
+        assert_eq!(redirect_from(b"WRONGTYPE x", &asked), None);
     }
 
     #[test]
