@@ -15,7 +15,7 @@
 #   docker build --build-arg FLAVOR=openresty -t ngx-ratelimit:openresty .
 #       OpenResty + the module built against OpenResty's own configured nginx source tree, from
 #       openresty-$OPENRESTY_VERSION.tar.gz placed in the build context (nothing is downloaded;
-#       README "Docker" says where to get it)
+#       docs/docker.md says where to get it)
 #
 #   Extra CA certificates (a TLS-inspecting proxy, an internal registry mirror) for the steps
 #   that fetch crates: --secret id=ca_bundle,src=/path/to/bundle.pem (docker/with-ca).

@@ -291,7 +291,17 @@ run: deps-run
 # ---------------------------------------------------------------------------------------------
 # tests
 
+# Relative links and #anchors of README.md and docs/*.md (python3, standard library only); first
+# in `make test`: it needs no build and fails fast.
+.PHONY: check-links deps-docs
+deps-docs:
+	@$(call apt_ensure,python3)
+check-links: deps-docs
+	echo "==> docs/check-links.py"
+	python3 docs/check-links.py
+
 test: deps-test
+	$(MAKE) check-links
 	$(MAKE) build
 	rc=0
 	$(MAKE) test-unit || rc=1

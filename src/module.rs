@@ -33,7 +33,7 @@ impl HttpModule for RateLimit {
         };
         // Access-phase handlers run in reverse order of registration, and dynamic modules
         // register after the built-in ones: this handler runs before allow/deny, auth_basic and
-        // auth_request (README: "Order in the access phase").
+        // auth_request (docs/access-phase.md).
         let handlers = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_ACCESS_PHASE as usize].handlers;
         let h = ngx_array_push(handlers) as *mut ngx_http_handler_pt;
         if h.is_null() {

@@ -102,7 +102,7 @@ pub fn split_batch(reply: Reply, n: usize) -> Result<Vec<Reply>, Reply> {
 pub enum Algorithm {
     SlidingLog,
     /// The same exact log stored as one string: fewer commands and less memory per entry, but
-    /// every admission rewrites the string, so only for small limits (README, Memory).
+    /// every admission rewrites the string, so only for small limits (docs/memory.md).
     SlidingLogPacked,
     SlidingCounter,
     Gcra,

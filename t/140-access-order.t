@@ -1,4 +1,4 @@
-# The handler's place in the access phase, as the README documents it:
+# The handler's place in the access phase, as docs/access-phase.md documents it:
 # before allow/deny, auth_basic and auth_request (so their refusals are
 # still counted), before a postponed access_by_lua, and after it with
 # access_by_lua_no_postpone.  ratelimit_status 403 under satisfy any is one

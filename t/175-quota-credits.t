@@ -1,7 +1,7 @@
 # Calendar quotas (period=) and credit balances (algorithm=balance) end to
 # end: status, headers, variables, the Redis values, and the recipe of a
-# per-second rate, a monthly quota and a balance on one location (README,
-# "Quotas and credits").  Period arithmetic is covered by t/208-script-quota.t.
+# per-second rate, a monthly quota and a balance on one location
+# (docs/quotas-and-credits.md).  Period arithmetic is covered by t/208-script-quota.t.
 use lib 't/lib';
 use RLTest;
 

@@ -1,5 +1,5 @@
-# satisfy any/all with auth_basic, allow/deny and auth_request, as the
-# README's "Order in the access phase, satisfy ..." describes it: the
+# satisfy any/all with auth_basic, allow/deny and auth_request, as
+# docs/access-phase.md ("Order in the access phase, satisfy ...") says: the
 # limiter runs before them; an admitted request returns NGX_DECLINED, so it
 # grants nothing under satisfy any and the other checks still decide; a
 # rejection (429) ends the request under satisfy all and any alike, even

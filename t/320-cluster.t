@@ -244,7 +244,7 @@ is("@s", '200 200 200', 'after the migration the multi-zone decision is served b
 # its replica is promoted, then Redis decides them again.  With Redis'
 # default cluster-require-full-coverage yes, every node refuses every key
 # ("CLUSTERDOWN") from about node-timeout after the kill until the promotion
-# (measured, see README); with "no", as set here, the other primaries keep
+# (measured, see docs/redis-cluster.md); with "no", as set here, the other primaries keep
 # serving and their keys are decided by Redis throughout.
 @primaries = $cluster->primaries;
 $cluster->cmd($_, 'CONFIG', 'SET', 'cluster-require-full-coverage', 'no') for $cluster->live_ports;
