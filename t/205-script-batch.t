@@ -16,6 +16,8 @@ sub replies_of {
 }
 
 sub replies { replies_of(batch_raw(@_)) }
+# A call of one decision answers its reply itself.
+sub one { replies_of([batch_raw(@_)]) }
 
 # In order, on the same key: each decision sees the previous one's entry.
 is(replies(map { [['rl:b:same'], $T, 'l', 3, 1000, 1, 0] } 1 .. 5),
@@ -115,5 +117,54 @@ redis_cmd('SCRIPT', 'FLUSH');
     is(join(' ', map { "$_=$calls{$_}" } sort keys %calls), 'pexpire=16 zadd=16 zcard=16 zrange=16',
         'four commands per admitted decision');
 }
+
+# Figures out of range fail their own decision before anything is written: a 20-digit balance
+# made DECRBY raise and abort the whole call after earlier decisions had been recorded.
+{
+    redis_cmd('SET', 'rl:b:big', '99999999999999999999');
+    redis_cmd('SET', 'rl:b:ok', '10');
+    redis_cmd('SET', 'rl:b:gnan', pack('d<V', 9**9**9 - 9**9**9, 0));
+    redis_cmd('ZADD', 'rl:b:inf', 'inf', 'x');
+    my $before = snapshot('rl:b:big', 'rl:b:gnan', 'rl:b:inf');
+    is(replies(
+            [['rl:b:ok'], $T, 'b', 1, 1, 1, 0],
+            [['rl:b:big'], $T, 'b', 1, 1, 1, 0],
+            [['rl:b:big'], $T, 'B', 1, 2, 5, 0],     # add: INCRBY would overflow
+            [['rl:b:gnan'], $T, 'g', 5, 1000, 1, 1],
+            [['rl:b:inf'], $T, 'l', 5, 1000, 1, 0],
+            [['rl:b:ok'], $T, 'b', 1, 1, 1, 0],
+        ),
+        join(' / ',
+            '1 1 9 0',
+            'ERR:ERR ratelimit: rl:b:big holds a balance out of range (15 digits at most)',
+            'ERR:ERR ratelimit: rl:b:big holds a balance out of range (15 digits at most)',
+            'ERR:WRONGTYPE ratelimit: rl:b:gnan holds other data',
+            'ERR:WRONGTYPE ratelimit: rl:b:inf holds scores that are not times',
+            '1 1 8 0'),
+        'each bad figure fails its own decision; the ones around it are recorded');
+    is(redis_cmd('GET', 'rl:b:ok'), 8, 'both good decisions drew their credit');
+    is(snapshot('rl:b:big', 'rl:b:gnan', 'rl:b:inf'), $before, 'the bad keys are untouched');
+    is(one([['rl:b:big'], $T, 'B', 1, 1, 7, 0]), '1 1 7 0',
+        'setting a balance replaces one out of range');
+    is(replies([['rl:b:f15'], $T, 'B', 1, 1, 0, 0], [['rl:b:f15'], $T, 'B', 1, 2, 999999999, 0]),
+        '1 1 0 0 / 1 1 999999999 0', 'a balance of 15 digits is still counted');
+}
+
+# An error naming a key stays short whatever the key: a reply line over the client's cap (4 KiB)
+# dropped the connection and every decision on it.
+{
+    my $long = 'rl:b:' . ('k' x 5000);
+    redis_cmd('SET', $long, 'not ours');
+    my $r = one([[$long], $T, 'c', 5, 1000, 1, 0]);
+    like($r, qr/^ERR:WRONGTYPE ratelimit: rl:b:k{95}\.\.\. holds other data$/, 'the key is cut at 100 bytes');
+    cmp_ok(length($r), '<', 200, 'the error line is short');
+}
+
+# Two zones of one decision on one key with different algorithms (exact keys) are refused before
+# either writes: one would write what the other cannot read.
+is(one([['rl:b:shared', 'rl:b:shared'], $T, 'l', 5, 1000, 1, 0, 'b', 5, 1000, 1, 0]),
+    'ERR:ERR ratelimit: zones 1 and 2 share a key with different algorithms',
+    'one key, two algorithms: refused');
+is(redis_cmd('EXISTS', 'rl:b:shared'), 0, 'and nothing written');
 
 done_testing();
