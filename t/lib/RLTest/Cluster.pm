@@ -30,6 +30,7 @@ sub new {
         replicas     => $o{replicas} // 1,
         node_timeout => $o{node_timeout} // 2000,
         tls          => $o{tls},
+        first_port   => $o{first_port},
         host         => '127.0.0.1',
         nodes        => {},     # port => { dir, bus, tls_port }
         order        => [],     # ports, in creation order
@@ -55,7 +56,8 @@ sub start {
     make_path($self->{dir});
     my $n = $self->{primaries} * (1 + $self->{replicas});
     for (1 .. $n) {
-        my $port = free_port();
+        # first_port: the first node where a test needs it (6379, Redis' default), when free.
+        my $port = (!@{ $self->{order} } && $self->{first_port}) || free_port();
         my $node = $self->{nodes}{$port} = {
             port => $port, bus => free_port(), dir => "$self->{dir}/$port",
             $self->{tls} ? (tls_port => free_port()) : (),
