@@ -1,6 +1,6 @@
 //! Configuration structures and their merging.
 
-use core::cell::{Cell, RefCell};
+use core::cell::{Cell, OnceCell, RefCell};
 use core::ffi::c_char;
 use core::ffi::c_void;
 use core::ptr;
@@ -17,6 +17,7 @@ use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
 use crate::key::prefix_tag;
 use crate::local_limit::LocalLimiter;
+use crate::metrics::store::Cells;
 use crate::metrics::Metrics;
 use crate::module::RateLimit;
 use crate::quota::Period;
@@ -145,6 +146,8 @@ pub struct MainConf {
     /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
     pub metrics_size: Option<u64>,
     pub metrics: Cell<Metrics>,
+    /// Where `metrics` counts: this configuration's blocks in the zone.
+    pub metrics_cells: OnceCell<Cells>,
     /// Where `ratelimit_metrics` was first used, to name it when the zone is missing.
     pub metrics_used: Option<(String, ngx_uint_t)>,
 }
@@ -166,6 +169,7 @@ impl Default for MainConf {
             local_size: None,
             metrics_size: None,
             metrics: Cell::new(Metrics::disabled()),
+            metrics_cells: OnceCell::new(),
             metrics_used: None,
         }
     }

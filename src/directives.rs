@@ -25,12 +25,12 @@ use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
     parse_cost, parse_limit, parse_msec, parse_size, parse_switch, parse_uint, parse_window,
-    split_param, valid_zone_name, MAX_WINDOW_MS,
+    shown_address, split_param, unknown_param, valid_zone_name, MAX_WINDOW_MS,
 };
 use crate::quota::{parse_offset, Period, PeriodKind};
 use crate::redis::resp;
 use crate::redis::tls;
-use crate::redis::tls_params::{Taken, TlsParams};
+use crate::redis::tls_params::{Taken, TlsParams, PARAM_NAMES as TLS_PARAM_NAMES};
 use crate::script::Algorithm;
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
@@ -165,6 +165,63 @@ unsafe fn invalid(cf: *mut ngx_conf_t, what: &str, value: &str) -> *mut c_char {
     NGX_CONF_ERROR as _
 }
 
+/// The parameter names of `ratelimit_redis` (TLS aside), `ratelimit_zone` and `ratelimit`, for
+/// naming a lone word in errors.
+const REDIS_PARAMS: [&str; 14] = [
+    "pool_size",
+    "timeout",
+    "connect_timeout",
+    "keepalive_timeout",
+    "fail_threshold",
+    "fail_backoff",
+    "prefix",
+    "cluster",
+    "user",
+    "password",
+    "db",
+    "sentinel",
+    "sentinel_user",
+    "sentinel_password",
+];
+const ZONE_PARAMS: [&str; 12] = [
+    "key",
+    "limit",
+    "window",
+    "algorithm",
+    "period",
+    "utc_offset",
+    "missing",
+    "status",
+    "burst",
+    "clock",
+    "exact_key",
+    "member",
+];
+const RATELIMIT_PARAMS: [&str; 1] = ["cost"];
+
+fn is_param_name(directive: &str, word: &str) -> bool {
+    match directive {
+        "ratelimit_redis" => {
+            word == "ssl" || REDIS_PARAMS.contains(&word) || TLS_PARAM_NAMES.contains(&word)
+        }
+        "ratelimit_zone" => ZONE_PARAMS.contains(&word),
+        _ => RATELIMIT_PARAMS.contains(&word),
+    }
+}
+
+/// Logs `invalid parameter <name or position> in "<directive>" directive`, never the value: see
+/// [`unknown_param`]. `position` counts the directive's arguments from 1.
+unsafe fn unknown(cf: *mut ngx_conf_t, arg: &str, position: usize) -> *mut c_char {
+    let directive = text(&args(cf)[0]);
+    let shown = unknown_param(arg, position, |w| is_param_name(directive, w));
+    ngx_conf_log_error!(
+        NGX_LOG_EMERG,
+        cf,
+        "invalid parameter {shown} in \"{directive}\" directive"
+    );
+    NGX_CONF_ERROR as _
+}
+
 unsafe extern "C" fn cmd_redis(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -178,7 +235,13 @@ unsafe extern "C" fn cmd_redis(
     // Addresses first (seeds of a Cluster, sentinels), then `name=value` parameters.
     let addrs = args[1..].iter().take_while(|a| split_param(text(a)).is_none()).count();
     if addrs == 0 {
-        return invalid(cf, "parameter", text(&args[1]));
+        let shown = unknown_param(text(&args[1]), 1, |w| is_param_name("ratelimit_redis", w));
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "no address before {shown} in \"ratelimit_redis\" directive"
+        );
+        return NGX_CONF_ERROR as _;
     }
     let mut seeds = Vec::with_capacity(addrs);
     for arg in &args[1..=addrs] {
@@ -212,9 +275,9 @@ unsafe extern "C" fn cmd_redis(
     let mut connect_timeout = None;
     let (mut user, mut password) = (None, None);
     let mut sentinel = SentinelParams::default();
-    for arg in &args[1 + addrs..] {
+    for (i, arg) in args.iter().enumerate().skip(1 + addrs) {
         let s = text(arg);
-        let Some((name, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
+        let Some((name, value)) = split_param(s) else { return unknown(cf, s, i) };
         match sentinel.parse(name, value) {
             Some(Ok(Some(()))) => continue,
             Some(Ok(None)) => return invalid(cf, "value", s),
@@ -251,7 +314,7 @@ unsafe extern "C" fn cmd_redis(
             "user" | "password" => return invalid(cf, "empty parameter", name),
             _ => match tls_params.param(name, value) {
                 Taken::Yes => Some(()),
-                Taken::NotTls => return invalid(cf, "parameter", s),
+                Taken::NotTls => return unknown(cf, s, i),
                 Taken::Invalid => None,
             },
         };
@@ -377,7 +440,7 @@ unsafe fn parse_address(cf: *mut ngx_conf_t, arg: &ngx_str_t) -> Option<SeedAddr
         } else {
             core::ffi::CStr::from_ptr(url.err).to_str().unwrap_or("invalid address")
         };
-        let addr = text(arg);
+        let addr = shown_address(text(arg));
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,
@@ -418,9 +481,9 @@ unsafe extern "C" fn cmd_zone(
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     let mut member = None;
-    for arg in &args[2..] {
+    for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
-        let Some((param, value)) = split_param(s) else { return invalid(cf, "parameter", s) };
+        let Some((param, value)) = split_param(s) else { return unknown(cf, s, i) };
         let ok = match param {
             "key" => compile_complex_value(cf, arg, "key=".len()).and_then(|cv| {
                 key = Some(cv);
@@ -459,7 +522,7 @@ unsafe extern "C" fn cmd_zone(
                 }
                 _ => None,
             },
-            _ => return invalid(cf, "parameter", s),
+            _ => return unknown(cf, s, i),
         };
         if ok.is_none() {
             return invalid(cf, "value", s);
@@ -670,7 +733,7 @@ unsafe extern "C" fn cmd_ratelimit(
     }
     if name == "off" {
         if args.len() > 2 {
-            return invalid(cf, "parameter", text(&args[2]));
+            return unknown(cf, text(&args[2]), 2);
         }
         lcf.limits_off = true;
         return NGX_CONF_OK;
@@ -683,7 +746,7 @@ unsafe extern "C" fn cmd_ratelimit(
         let s = text(arg);
         let parsed = match split_param(s) {
             Some(("cost", _)) => number_or_variable(cf, arg, "cost", parse_cost),
-            _ => return invalid(cf, "parameter", s),
+            _ => return unknown(cf, s, 2),
         };
         match parsed {
             Some(p) => cost = p,

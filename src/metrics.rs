@@ -2,20 +2,23 @@
 //! shared memory zone (`ratelimit_metrics_zone`), updated with relaxed atomic adds where outcomes
 //! happen and read whole by the metrics location.
 //!
-//! The layout is fixed by the configuration (its zones and Redis server), so counting never
-//! allocates: the array is allocated once when the zone is set up, and a zone too small for it
-//! leaves [`Metrics::disabled`], which counts nothing (said once, at start).
+//! The cells are found or allocated when the zone is set up, by zone and server name
+//! ([`store`]), so counting never allocates and a reload keeps the counters of the zones it
+//! keeps. A zone too small for them leaves [`Metrics::disabled`], which counts nothing and
+//! exports nothing (said once, at start).
 
 pub mod format;
 #[cfg(not(test))]
 pub mod page;
 #[cfg(not(test))]
 pub mod shm;
+pub mod store;
 
 use core::ptr;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::status::Status;
+use store::Cells;
 
 /// The statuses counted per zone: every final status of a request that has zones to count in
 /// (`SKIPPED` has none, `PENDING` is no decision).
@@ -93,9 +96,9 @@ pub enum Gauge {
     BreakerOpen = R_BREAKER_OPEN as isize,
 }
 
-// The layout: a header cell, then per zone its statuses and units, then the Redis server's
-// cells, then the worker-summed ones.
-const HEADER: usize = 1;
+// A snapshot's layout: per zone its statuses and units, then the Redis server's cells, then the
+// worker-summed ones. In the shared zone each zone's cells, the server's and the workers' are
+// separate blocks ([`store`]).
 const Z_UNITS: usize = STATUSES.len();
 pub const ZONE_CELLS: usize = STATUSES.len() + 1;
 const R_BUCKETS: usize = 0;
@@ -113,43 +116,50 @@ const REDIS_CELLS: usize = R_BREAKER_OPEN + 1;
 const W_DENY_ENTRIES: usize = 0;
 const WORKER_CELLS: usize = 1;
 
-/// The cells a configuration of `zones` zones needs.
-pub const fn cells(zones: usize) -> usize {
-    HEADER + zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS
+/// The cells of a snapshot of `zones` zones.
+const fn cells(zones: usize) -> usize {
+    zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS
 }
 
 /// A handle on the shared cells, copied wherever outcomes happen. Disabled (null) when the
 /// configuration has no metrics zone or the zone had no room.
 #[derive(Debug, Clone, Copy)]
 pub struct Metrics {
-    cells: *const AtomicU64,
-    zones: usize,
+    cells: *const Cells,
 }
 
 impl Metrics {
     pub const fn disabled() -> Self {
-        Metrics { cells: ptr::null(), zones: 0 }
+        Metrics { cells: ptr::null() }
     }
 
     /// # Safety
-    /// `cells` points to [`cells`]`(zones)` cells that stay mapped while the handle is used.
-    pub unsafe fn new(cells: *const AtomicU64, zones: usize) -> Self {
-        Metrics { cells, zones }
+    /// `cells` outlives the handle, and its blocks stay mapped meanwhile.
+    pub unsafe fn new(cells: &Cells) -> Self {
+        Metrics { cells }
     }
 
     pub fn enabled(&self) -> bool {
         !self.cells.is_null()
     }
 
-    fn add(&self, i: usize, n: u64) {
-        if !self.cells.is_null() {
-            // SAFETY: `new`'s contract; every index below is within the layout of `zones`.
-            unsafe { (*self.cells.add(i)).fetch_add(n, Relaxed) };
+    fn add(block: *const AtomicU64, i: usize, n: u64) {
+        // SAFETY: `new`'s contract; every block has the cells its indexes below name.
+        unsafe { (*block.add(i)).fetch_add(n, Relaxed) };
+    }
+
+    fn zone(&self, zone: usize, i: usize, n: u64) {
+        // SAFETY: `new`'s contract.
+        if let Some(c) = unsafe { self.cells.as_ref() } {
+            Self::add(c.zones[zone], i, n);
         }
     }
 
-    fn redis(&self) -> usize {
-        HEADER + self.zones * ZONE_CELLS
+    fn redis(&self, i: usize, n: u64) {
+        // SAFETY: `new`'s contract.
+        if let Some(c) = unsafe { self.cells.as_ref() } {
+            Self::add(c.redis, i, n);
+        }
     }
 
     /// A request's final status in each of its zones `(zone, cost)`, and the units it recorded.
@@ -161,30 +171,28 @@ impl Metrics {
     }
 
     fn decision(&self, zone: usize, status: Status, units: u64) {
-        let base = HEADER + zone * ZONE_CELLS;
         if let Some(i) = STATUSES.iter().position(|&s| s == status) {
-            self.add(base + i, 1);
+            self.zone(zone, i, 1);
         }
         if units > 0 {
-            self.add(base + Z_UNITS, units);
+            self.zone(zone, Z_UNITS, units);
         }
     }
 
     /// One script call's round trip, from its write to its reply.
     pub fn round_trip(&self, us: u64) {
-        let r = self.redis();
         if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
-            self.add(r + R_BUCKETS + i, 1);
+            self.redis(R_BUCKETS + i, 1);
         }
-        self.add(r + R_COUNT, 1);
-        self.add(r + R_SUM_US, us);
+        self.redis(R_COUNT, 1);
+        self.redis(R_SUM_US, us);
     }
 
     /// A failed decision; `None` is no Redis failure (an open breaker did not ask).
     pub fn failure(&self, kind: Option<ErrorKind>) {
         if let Some(kind) = kind {
             let i = ERROR_KINDS.iter().position(|&(k, _)| k == kind).unwrap_or(0);
-            self.add(self.redis() + R_ERRORS + i, 1);
+            self.redis(R_ERRORS + i, 1);
         }
     }
 
@@ -193,29 +201,42 @@ impl Metrics {
         let word = msg.split(|&b| b == b' ').next().unwrap_or_default();
         let last = REPLY_CLASSES.len() - 1;
         let i = REPLY_CLASSES[..last].iter().position(|c| c.as_bytes() == word).unwrap_or(last);
-        self.add(self.redis() + R_REPLIES + i, 1);
+        self.redis(R_REPLIES + i, 1);
     }
 
     pub fn count(&self, c: Counter) {
-        self.add(self.redis() + c as usize, 1);
+        self.redis(c as usize, 1);
     }
 
     /// Gauges go up and down by wrapping adds; read back as signed.
     pub fn gauge(&self, g: Gauge, delta: i64) {
-        self.add(self.redis() + g as usize, delta as u64);
+        self.redis(g as usize, delta as u64);
     }
 
     pub fn deny_cache_entries(&self, delta: i64) {
-        self.add(self.redis() + REDIS_CELLS + W_DENY_ENTRIES, delta as u64);
+        // SAFETY: `new`'s contract.
+        if let Some(c) = unsafe { self.cells.as_ref() } {
+            Self::add(c.worker, W_DENY_ENTRIES, delta as u64);
+        }
     }
 
-    /// Every cell, read one by one: counters of different cells may be a few updates apart.
-    pub fn snapshot(&self) -> Vec<u64> {
-        if self.cells.is_null() {
-            return vec![0; cells(self.zones)];
-        }
+    /// Every cell, in the layout [`View`] reads, one by one: counters of different cells may
+    /// be a few updates apart. `None` when disabled: nothing is counted, so nothing is shown
+    /// (zeros would read as "no traffic").
+    pub fn snapshot(&self) -> Option<Vec<u64>> {
         // SAFETY: `new`'s contract.
-        (0..cells(self.zones)).map(|i| unsafe { (*self.cells.add(i)).load(Relaxed) }).collect()
+        let c = unsafe { self.cells.as_ref() }?;
+        let read = |block: *const AtomicU64, n: usize| {
+            // SAFETY: `new`'s contract.
+            (0..n).map(move |i| unsafe { (*block.add(i)).load(Relaxed) })
+        };
+        let mut out = Vec::with_capacity(cells(c.zones.len()));
+        for &z in &c.zones {
+            out.extend(read(z, ZONE_CELLS));
+        }
+        out.extend(read(c.redis, REDIS_CELLS));
+        out.extend(read(c.worker, WORKER_CELLS));
+        Some(out)
     }
 }
 
@@ -227,13 +248,13 @@ pub struct View<'a> {
 
 impl View<'_> {
     pub fn status(&self, zone: usize, i: usize) -> u64 {
-        self.cells[HEADER + zone * ZONE_CELLS + i]
+        self.cells[zone * ZONE_CELLS + i]
     }
     pub fn units(&self, zone: usize) -> u64 {
-        self.cells[HEADER + zone * ZONE_CELLS + Z_UNITS]
+        self.cells[zone * ZONE_CELLS + Z_UNITS]
     }
     fn redis(&self, i: usize) -> u64 {
-        self.cells[HEADER + self.zones * ZONE_CELLS + i]
+        self.cells[self.zones * ZONE_CELLS + i]
     }
     /// Cumulative, as Prometheus wants them.
     pub fn buckets(&self) -> impl Iterator<Item = u64> + '_ {
@@ -266,24 +287,33 @@ impl View<'_> {
     }
 }
 
+/// Cells on the heap, laid out as the shared zone's blocks.
+#[cfg(test)]
+pub(crate) fn test_metrics(zones: usize) -> Metrics {
+    let block = |n: usize| -> *const AtomicU64 {
+        Box::leak((0..n).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>()).as_ptr()
+    };
+    let cells = Box::leak(Box::new(Cells {
+        zones: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
+        redis: block(REDIS_CELLS),
+        worker: block(WORKER_CELLS),
+    }));
+    // SAFETY: leaked, so alive for the rest of the test.
+    unsafe { Metrics::new(cells) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn metrics(zones: usize) -> (Metrics, &'static [AtomicU64]) {
-        let cells: &'static [AtomicU64] =
-            Box::leak((0..cells(zones)).map(|_| AtomicU64::new(0)).collect());
-        (unsafe { Metrics::new(cells.as_ptr(), zones) }, cells)
-    }
-
     #[test]
     fn decisions_and_units_per_zone() {
-        let (m, _) = metrics(2);
+        let m = test_metrics(2);
         m.decision(1, Status::Passed, 3);
         m.decision(1, Status::Passed, 1);
         m.decision(0, Status::RejectedDryRun, 0);
         m.decision(0, Status::Skipped, 0);
-        let cells = m.snapshot();
+        let cells = m.snapshot().unwrap();
         let v = View { cells: &cells, zones: 2 };
         assert_eq!(v.status(1, 0), 2);
         assert_eq!(v.units(1), 4);
@@ -294,7 +324,7 @@ mod tests {
 
     #[test]
     fn histogram_gauges_and_errors() {
-        let (m, _) = metrics(1);
+        let m = test_metrics(1);
         for us in [50, 100, 101, 2_000_000] {
             m.round_trip(us);
         }
@@ -307,7 +337,7 @@ mod tests {
         m.error_reply(b"WEIRD thing");
         m.count(Counter::ScriptLoads);
         m.deny_cache_entries(5);
-        let cells = m.snapshot();
+        let cells = m.snapshot().unwrap();
         let v = View { cells: &cells, zones: 1 };
         let b: Vec<u64> = v.buckets().collect();
         assert_eq!(&b[..3], &[2, 3, 3]);
@@ -322,10 +352,11 @@ mod tests {
     }
 
     #[test]
-    fn disabled_counts_nothing() {
+    fn disabled_counts_and_shows_nothing() {
         let m = Metrics::disabled();
         m.decision(0, Status::Passed, 1);
         m.round_trip(5);
-        assert!(m.snapshot().iter().all(|&c| c == 0));
+        m.deny_cache_entries(1);
+        assert_eq!(m.snapshot(), None);
     }
 }

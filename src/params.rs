@@ -93,6 +93,28 @@ pub fn split_param(arg: &str) -> Option<(&str, &str)> {
     arg.split_once('=').filter(|(name, _)| !name.is_empty())
 }
 
+/// How `nginx -t` names a parameter it refuses without a value to blame, at `position` among
+/// the directive's arguments: by its name alone; a lone word as written only when it is one of
+/// the directive's parameter names (`is_name`), else by its position. A misspelt
+/// `passwrd=S3cret`, or the part of a password after a space, may be a secret, and nginx's
+/// output goes to terminals, CI logs and support tickets.
+pub fn unknown_param(arg: &str, position: usize, is_name: impl Fn(&str) -> bool) -> String {
+    match split_param(arg) {
+        Some((name, _)) => format!("\"{name}=\" (value not shown)"),
+        None if is_name(arg) => format!("\"{arg}\" (not name=value)"),
+        None => format!("#{position} (not name=value, not shown)"),
+    }
+}
+
+/// An address of `ratelimit_redis` as an error names it: without the `user:password@` that a
+/// Redis URL may carry.
+pub fn shown_address(addr: &str) -> String {
+    match addr.rsplit_once('@') {
+        Some((_, host)) => format!("...@{host}"),
+        None => addr.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +197,26 @@ mod tests {
         assert_eq!(split_param("a=b=c"), Some(("a", "b=c")));
         assert_eq!(split_param("limit"), None);
         assert_eq!(split_param("=5"), None);
+    }
+
+    #[test]
+    fn unknown_params_never_show_a_value() {
+        let names = |w: &str| ["password", "pool_size"].contains(&w);
+        let shown = |arg, pos| unknown_param(arg, pos, names);
+        assert_eq!(shown("passwrd=S3cretPW", 2), "\"passwrd=\" (value not shown)");
+        assert_eq!(shown("password=S3cretPW", 1), "\"password=\" (value not shown)");
+        assert_eq!(shown("foo=a=b", 3), "\"foo=\" (value not shown)");
+        assert_eq!(shown("pool_size", 3), "\"pool_size\" (not name=value)");
+        for word in ["S3cretPW", "=S3cretPW", "password2"] {
+            assert_eq!(shown(word, 4), "#4 (not name=value, not shown)");
+        }
+    }
+
+    #[test]
+    fn addresses_without_credentials() {
+        assert_eq!(shown_address("127.0.0.1:abc"), "127.0.0.1:abc");
+        assert_eq!(shown_address("unix:"), "unix:");
+        assert_eq!(shown_address("redis://u:S3cret@host:6379"), "...@host:6379");
+        assert_eq!(shown_address(":p@ss@host"), "...@host");
     }
 }

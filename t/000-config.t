@@ -12,7 +12,7 @@ my $zone  = 'ratelimit_zone api key=$arg_k limit=2 window=10s;';
 my @bad = (
     ['unknown ratelimit_redis parameter',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT foo=1;\n$zone", '',
-        'ratelimit_redis', qr/foo/, 'foo=1'],
+        'ratelimit_redis', qr/"foo="/, 'foo=1'],
     ['ratelimit_redis parameter without value',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size;\n$zone", '',
         'ratelimit_redis', qr/pool_size/, 'pool_size;'],

@@ -16,7 +16,11 @@
 #
 # Rows by directive:
 #   ratelimit_redis   bad port, port not a number, empty unix path; unknown
-#                     parameter; parameter without "="; pool_size=0/abc/5000;
+#                     parameter; parameter without "="; no address, a
+#                     misspelt password or sentinel password, a password cut
+#                     by a space, a URL with a password (none of them echoes
+#                     the secret: unknown parameters are named without their
+#                     value, lone words by position); pool_size=0/abc/5000;
 #                     timeout=abc/0/-1s; connect_timeout=0; keepalive_timeout=abc;
 #                     fail_threshold=0; fail_backoff=abc; empty password= or
 #                     user= (and the other secret is not echoed); user=
@@ -60,12 +64,30 @@ my @rows = (
         'ratelimit_redis', qr/127\.0\.0\.1:abc/],
     ['ratelimit_redis: empty unix path', "ratelimit_redis unix:; #<-\n$Z", '',
         'ratelimit_redis', qr/"unix:"/],
-    ['ratelimit_redis: unknown parameter',
+    ['ratelimit_redis: unknown parameter (named, its value not shown)',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT foo=1; #<-\n$Z", '',
-        'ratelimit_redis', qr/"foo=1"/],
-    ['ratelimit_redis: parameter without =',
+        'ratelimit_redis', qr/invalid parameter "foo=" \(value not shown\)/, qr/foo=1/],
+    ['ratelimit_redis: parameter without = (taken for an address)',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size; #<-\n$Z", '',
         'ratelimit_redis', qr/"pool_size"/],
+    ['ratelimit_redis: parameter without =, after a parameter',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=1s pool_size; #<-\n$Z", '',
+        'ratelimit_redis', qr/"pool_size" \(not name=value\)/],
+    ['ratelimit_redis: password= without an address (never echoed)',
+        "ratelimit_redis password=S3cretPW; #<-\n$Z", '',
+        'ratelimit_redis', qr/no address before "password=" \(value not shown\)/, qr/S3cret/],
+    ['ratelimit_redis: misspelt passwrd= (never echoed)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT passwrd=S3cretPW; #<-\n$Z", '',
+        'ratelimit_redis', qr/invalid parameter "passwrd=" \(value not shown\)/, qr/S3cret/],
+    ['ratelimit_redis: misspelt sentinel_passwrd= (never echoed)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT sentinel=m sentinel_passwrd=S3cretPW; #<-\n$Z", '',
+        'ratelimit_redis', qr/invalid parameter "sentinel_passwrd=" \(value not shown\)/, qr/S3cret/],
+    ['ratelimit_redis: a password cut by a space (the rest never echoed)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT password=S3cret PW2nd; #<-\n$Z", '',
+        'ratelimit_redis', qr/invalid parameter #3 \(not name=value, not shown\)/, qr/S3cret|PW2nd/],
+    ['ratelimit_redis: a Redis URL with a password (never echoed)',
+        "ratelimit_redis redis://lim:S3cretPW\@127.0.0.1:6379; #<-\n$Z", '',
+        'ratelimit_redis', qr/"\.\.\.\@127\.0\.0\.1:6379"/, qr/S3cret/],
     ['ratelimit_redis: pool_size=0',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size=0; #<-\n$Z", '',
         'ratelimit_redis', qr/"pool_size=0"/],
@@ -121,10 +143,11 @@ my @rows = (
     ['ratelimit_zone: same name twice',
         "$R\n$Z\nratelimit_zone api key=\$arg_x limit=5 window=1m; #<-", '',
         'ratelimit_zone', qr/duplicate zone "api"/],
-    ['ratelimit_zone: unknown parameter', zone('limit=2 window=10s foo=1'), '',
-        'ratelimit_zone', qr/"foo=1"/],
+    ['ratelimit_zone: unknown parameter (named, its value not shown)',
+        zone('limit=2 window=10s foo=S3cret'), '',
+        'ratelimit_zone', qr/"foo=" \(value not shown\)/, qr/S3cret/],
     ['ratelimit_zone: parameter without =', zone('limit=2 window=10s gcra'), '',
-        'ratelimit_zone', qr/"gcra"/],
+        'ratelimit_zone', qr/#5 \(not name=value, not shown\)/, qr/gcra/],
     ['ratelimit_zone: no key', "$R\nratelimit_zone api limit=2 window=10s; #<-", '',
         'ratelimit_zone', qr/"api".*key=/],
     ['ratelimit_zone: no limit', zone('window=10s'), '',
@@ -183,10 +206,10 @@ my @rows = (
         'ratelimit', qr/"cost=-1"/],
     ['ratelimit: cost=1.5', "$R\n$Z", "ratelimit api cost=1.5; #<-",
         'ratelimit', qr/"cost=1\.5"/],
-    ['ratelimit: unknown parameter', "$R\n$Z", "ratelimit api foo=1; #<-",
-        'ratelimit', qr/"foo=1"/],
+    ['ratelimit: unknown parameter', "$R\n$Z", "ratelimit api foo=S3cret; #<-",
+        'ratelimit', qr/"foo=" \(value not shown\)/, qr/S3cret/],
     ['ratelimit: off with a parameter', "$R\n$Z", "ratelimit off cost=1; #<-",
-        'ratelimit', qr/"cost=1"/],
+        'ratelimit', qr/"cost="/],
     ['ratelimit: same zone twice at one level', "$R\n$Z", "ratelimit api;\nratelimit api; #<-",
         'ratelimit', qr/is duplicate/],
     ['ratelimit: off, then a zone, at one level', "$R\n$Z", "ratelimit off;\nratelimit api; #<-",

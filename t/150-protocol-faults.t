@@ -69,12 +69,6 @@ sub failed_closed {
     is(rl($r), 'FAILED_CLOSED', "$label: \$ratelimit_status FAILED_CLOSED");
 }
 
-sub vm {
-    my ($pid, $field) = @_;
-    open my $fh, '<', "/proc/$pid/status" or return undef;
-    while (<$fh>) { return $1 if /^\Q$field\E:\s+(\d+)\s+kB/ }
-    return undef;
-}
 
 # The connection is dropped and replaced: the fake saw the first one close,
 # and after the module's 1 s reconnect back-off a request opens another.
@@ -184,7 +178,7 @@ for my $case ([64 << 10, 0], [8 << 20, 0], [8 << 20, 1]) {
     my $l = "oversized (" . ($chunk >> 10) . " KiB writes" . ($stop ? ', worker stopped' : '') . ")";
     my ($fake, $pid) = setup_fault("oversized-$chunk-$stop", oversized_chunk => $chunk,
         $stop ? (timeout => '3s') : ());
-    my ($rss0, $hwm0) = (vm($pid, 'VmRSS'), vm($pid, 'VmHWM'));
+    my ($rss0, $hwm0) = (proc_kb($pid, 'VmRSS'), proc_kb($pid, 'VmHWM'));
     $fake->set_mode('oversized');
     if ($stop) {
         my $h = http_start(port => server_port(), request => 'GET /t?k=a');
@@ -201,7 +195,7 @@ for my $case ([64 << 10, 0], [8 << 20, 0], [8 << 20, 1]) {
     }
     replaced($l, $fake, 1);
     sleep 0.2;
-    my ($rss1, $hwm1) = (vm($pid, 'VmRSS'), vm($pid, 'VmHWM'));
+    my ($rss1, $hwm1) = (proc_kb($pid, 'VmRSS'), proc_kb($pid, 'VmHWM'));
     my $sent = $fake->oversized_sent;
     note(sprintf "$l: worker VmRSS %d -> %d kB, VmHWM %d -> %d kB; fake wrote %.1f MB of data",
         $rss0, $rss1, $hwm0, $hwm1, $sent / 1e6);
@@ -221,14 +215,14 @@ for my $case ([64 << 10, 0], [8 << 20, 0], [8 << 20, 1]) {
 {
     my $l = 'oversized_array';
     my ($fake, $pid) = setup_fault($l);
-    my ($rss0, $hwm0) = (vm($pid, 'VmRSS'), vm($pid, 'VmHWM'));
+    my ($rss0, $hwm0) = (proc_kb($pid, 'VmRSS'), proc_kb($pid, 'VmHWM'));
     $fake->set_mode('oversized_array');
     failed_open($l, timed_get($l, '/t?k=a'));
     failed_closed($l, timed_get($l, '/c?k=a'));
     is(http_get('/u')->{status}, 200, "$l: the worker still serves other requests");
     replaced($l, $fake, 1);
     sleep 0.2;
-    my ($rss1, $hwm1) = (vm($pid, 'VmRSS'), vm($pid, 'VmHWM'));
+    my ($rss1, $hwm1) = (proc_kb($pid, 'VmRSS'), proc_kb($pid, 'VmHWM'));
     my $sent = $fake->oversized_sent;
     note(sprintf "$l: worker VmRSS %d -> %d kB, VmHWM %d -> %d kB; fake wrote %.1f MB of data",
         $rss0, $rss1, $hwm0, $hwm1, $sent / 1e6);

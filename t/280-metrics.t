@@ -2,7 +2,8 @@
 # Debian's prometheus package) and JSON, summed over two workers from the shared
 # zone; decisions per zone and status equal what the requests were answered,
 # units equal the costs admitted; Redis figures; a reload keeps the counters; a
-# zone too small counts nothing and says so once.
+# zone too small counts and exports nothing and says so once; reloads that add
+# or rename zones keep the counters by zone name and never fill the zone.
 use lib 't/lib';
 use RLTest;
 use JSON::PP;
@@ -151,12 +152,53 @@ is($res->{status}, 200, 'a full zone: requests are decided as usual');
 is(header($res, 'X-RL'), 'PASSED', 'by Redis');
 $text = metrics_text();
 promtool_ok($text, 'full zone');
-my @nonzero = grep { !/^#/ && !/ 0$/ } split /\n/, $text;
-is_deeply(\@nonzero, [], 'nothing counted');
+my @samples = grep { !/^#/ } split /\n/, $text;
+is_deeply(\@samples, [], 'no counters exported, rather than zeros') or diag($text);
+like($text, qr/^# ratelimit_metrics_zone is full, metrics are not counted$/m, 'the page says why');
+$r = http_get('/metrics?format=json');
+is($r->{body}, qq({"error":"ratelimit_metrics_zone is full, metrics are not counted"}\n),
+    'json: no counters either');
 stop_nginx();
 my $log = error_log_text();
 my @full = $log =~ /\[warn\].*ratelimit: ratelimit_metrics_zone of \d+ bytes is full, metrics are not counted/g;
 is(scalar @full, 1, 'said once');
 check_no_alerts($log, 'full zone');
+
+# Reloads that change the zones (issue 18): 30 zones in 32k, then 31, 32, ... 45, then 15
+# reloads that rename 30 zones each time. The counters are kept by zone name: a kept zone
+# counts on, a new one starts at 0, and the zone never fills (each reload used to take a new
+# array of every counter: the 7th said "is full" and counted nothing).
+my $passed = 0;
+my $zone_lines = sub { join '', map { "    ratelimit_zone $_ key=\$arg_k limit=1000 window=1m;\n" } @_ };
+my $conf_of = sub {
+    ("$zones    ratelimit_metrics_zone 32k;\n" . $zone_lines->(@_),
+     $config . "    location /z { ratelimit $_[-1]; }\n");
+};
+my ($h, $c) = $conf_of->(map { "z$_" } 1 .. 30);
+start_nginx(workers => 2, http_config => $h, config => $c);
+my @configs = ((map { my $n = $_; [map { "z$_" } 1 .. $n] } 31 .. 45),
+               (map { my $g = $_; [map { "g${g}_$_" } 1 .. 30] } 1 .. 15));
+for my $i (0 .. $#configs) {
+    my $names = $configs[$i];
+    my $what = "reload " . ($i + 1) . " (" . @$names . " zones, last $names->[-1])";
+    is(header(http_get("/t?k=reload$i"), 'X-RL'), 'PASSED', "$what: api admits");
+    $passed++;
+    my ($h, $c) = $conf_of->(@$names);
+    my @old = nginx()->worker_pids;
+    reload_nginx(http_config => $h, config => $c);
+    # The old workers take no request once gone: each request below meets the new zones.
+    ok(wait_until(5, sub { !grep { kill 0, $_ } @old }), "$what: the old workers left");
+    is(header(http_get("/z?k=$i"), 'X-RL'), 'PASSED', "$what: the last zone admits");
+    my $page = http_get('/metrics')->{body};
+    my $s = samples($page);
+    is($s->{qq{ratelimit_decisions_total{zone="api",status="PASSED"}}}, $passed,
+        "$what: api's counters are kept");
+    is($s->{qq{ratelimit_decisions_total{zone="$names->[-1]",status="PASSED"}}}, 1,
+        "$what: the last zone counted its request");
+}
+stop_nginx();
+$log = error_log_text();
+unlike($log, qr/is full/, 'the zone never filled');
+check_no_alerts($log, 'reloads');
 
 done_testing();

@@ -196,22 +196,31 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
     o
 }
 
+/// The page of a metrics zone too small for the counters: no sample at all, so that dashboards
+/// show no data and `absent()` alerts fire, rather than zeros that read as "no traffic".
+pub fn disabled(json: bool) -> String {
+    const WHY: &str = "ratelimit_metrics_zone is full, metrics are not counted";
+    if json {
+        format!("{{\"error\":\"{WHY}\"}}\n")
+    } else {
+        format!("# {WHY}\n")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{cells, Metrics};
+    use crate::metrics::test_metrics;
     use crate::status::Status;
-    use core::sync::atomic::AtomicU64;
 
     fn sample() -> Vec<u64> {
-        let cells: Vec<AtomicU64> = (0..cells(2)).map(|_| AtomicU64::new(0)).collect();
-        let m = unsafe { Metrics::new(cells.as_ptr(), 2) };
+        let m = test_metrics(2);
         m.decision(0, Status::Passed, 2);
         m.decision(1, Status::Rejected, 0);
         m.round_trip(150);
         m.round_trip(1_500_000);
         m.error_reply(b"BUSY running");
-        m.snapshot()
+        m.snapshot().unwrap()
     }
 
     const LABELS: Labels<'static> = Labels { zones: &["api", "per_ip"], server: "127.0.0.1:6379" };
@@ -272,5 +281,15 @@ mod tests {
         assert_eq!(Seconds(2_500).to_string(), "0.0025");
         assert_eq!(Seconds(1_000_000).to_string(), "1");
         assert_eq!(Seconds(0).to_string(), "0");
+    }
+
+    #[test]
+    fn disabled_has_no_samples() {
+        let text = disabled(false);
+        assert!(text.lines().all(|l| l.starts_with("# ")), "{text}");
+        assert_eq!(
+            disabled(true),
+            "{\"error\":\"ratelimit_metrics_zone is full, metrics are not counted\"}\n"
+        );
     }
 }

@@ -31,20 +31,24 @@ pub unsafe extern "C" fn handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     let Some(mcf) = RateLimit::main_conf(&*r) else {
         return NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
     };
-    let metrics = mcf.metrics.get();
-    let cells = metrics.snapshot();
-    let view = View { cells: &cells, zones: mcf.zones.len() };
-    let zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
-    let server = mcf.redis.as_ref().map_or("", |r| r.name.as_str());
-    let labels = Labels { zones: &zones, server };
     let mut arg = ngx_str_t { len: 0, data: ptr::null_mut() };
     let json = ngx_http_arg(r, c"format".as_ptr() as *mut u8, 6, &mut arg) == NGX_OK as ngx_int_t
         && arg.as_bytes() == b"json";
-    let (body, content_type) = if json {
-        (format::json(&view, &labels), JSON)
-    } else {
-        (format::prometheus(&view, &labels), PROMETHEUS)
+    let zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
+    let server = mcf.redis.as_ref().map_or("", |r| r.name.as_str());
+    let labels = Labels { zones: &zones, server };
+    let body = match mcf.metrics.get().snapshot() {
+        Some(cells) => {
+            let view = View { cells: &cells, zones: zones.len() };
+            if json {
+                format::json(&view, &labels)
+            } else {
+                format::prometheus(&view, &labels)
+            }
+        }
+        None => format::disabled(json),
     };
+    let content_type = if json { JSON } else { PROMETHEUS };
 
     let out = &mut (*r).headers_out;
     out.status = NGX_HTTP_OK as _;

@@ -220,7 +220,8 @@ impl TlsParams {
     }
 }
 
-const PARAM_NAMES: [&str; 10] = [
+/// The `ssl_*=` parameters (`ssl=` aside), also for naming a lone word in errors.
+pub const PARAM_NAMES: [&str; 10] = [
     "ssl_verify",
     "ssl_trusted_certificate",
     "ssl_verify_depth",

@@ -17,6 +17,7 @@ use RLTest::Proc qw(free_port);
 use RLTest::Redis;
 use RLTest::Nginx;
 use RLTest::HTTP qw(http_request http_start http_finish http_parallel http_pipelined header);
+use RLTest::Measure qw(cmdstat_calls metric_value proc_status_kb);
 
 our @EXPORT = qw(
     run_tests repeat_each workers log_level
@@ -25,6 +26,7 @@ our @EXPORT = qw(
     nginx start_nginx stop_nginx reload_nginx nginx_t
     http_get http_request http_start http_finish http_parallel http_pipelined header
     error_log_text access_log_text check_no_alerts wait_until nginx_has
+    redis_calls metric proc_kb
     free_port done_testing note explain subtest
 );
 
@@ -173,6 +175,25 @@ sub http_get {
     return http_request(port => $port, request => "GET $path",
         headers => [map { [$_, $headers{$_}] } sort keys %headers]);
 }
+
+# Readings that die when they cannot read (RLTest::Measure): Redis' calls of
+# a command since the block's CONFIG RESETSTAT (`called => 1`: it must have
+# a line), one sample of the metrics page at $path (`-port => ...`), a kB
+# field of /proc/<pid>/status.
+sub redis_calls {
+    my ($cmd, %o) = @_;
+    return cmdstat_calls(redis_cmd('INFO', 'commandstats'), $cmd, %o);
+}
+
+sub metric {
+    my ($path, $series, %o) = @_;
+    my $r = http_get($path, $o{-port} ? (-port => $o{-port}) : ());
+    die "metrics: GET $path answered " . ($r->{status} // 'nothing') . "\n"
+        unless ($r->{status} // 0) == 200;
+    return metric_value($r->{body}, $series);
+}
+
+sub proc_kb { proc_status_kb(@_) }
 
 sub error_log_text  { nginx($_[0])->error_log_text }
 sub access_log_text { nginx()->access_log_text(@_) }
