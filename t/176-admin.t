@@ -72,7 +72,7 @@ access forbidden by rule
 --- config
     location = /admin { ratelimit_admin credits; }
 --- request eval
-["GET /admin?key=a&add=1", "GET /t"]
+["POST /admin?key=a&add=1", "GET /t"]
 --- error_code eval
 [502, 200]
 --- response_body_like eval
@@ -91,7 +91,7 @@ connect failed
 --- init
 RLTest::redis_cmd('SCRIPT', 'FLUSH');
 --- request
-GET /admin?key=a&add=3
+POST /admin?key=a&add=3
 --- error_code: 200
 --- response_body
 {"balance":3}
@@ -107,3 +107,54 @@ GET /admin?key=a&add=3
 --- must_die
 --- error_log eval
 qr/"ratelimit_admin" needs "ratelimit_redis" and a zone "api" with algorithm=balance declared before it in .*nginx\.conf:\d+/
+
+
+
+=== TEST 7: set and add change balances by POST or PUT only (a GET could come from any page)
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone credits key=$arg_k limit=100 algorithm=balance;
+--- config
+    location = /admin { ratelimit_admin credits; }
+--- request eval
+["GET /admin?key=a&set=5", "GET /admin?key=a&add=5", "HEAD /admin?key=a&add=5",
+ "PUT /admin?key=a&set=5", "POST /admin?key=a&add=1", "GET /admin?key=a"]
+--- error_code eval
+[405, 405, 405, 200, 200, 200]
+--- response_body_like eval
+["^\\{\"error\":\"set= and add= need POST or PUT\"\\}", "POST or PUT", "^\$", "^\\{\"balance\":5\\}",
+ "^\\{\"balance\":6\\}", "^\\{\"balance\":6\\}"]
+
+
+
+=== TEST 8: the key requests use: an exact key, a literal text around the variable, a key percent-decoded
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone cr key=cr:$arg_k limit=100 algorithm=balance exact_key=on;
+    ratelimit_zone plan key=plan-${arg_k}-x limit=100 algorithm=balance;
+--- config
+    location /t { ratelimit cr; add_header X-Left $ratelimit_remaining always; }
+    location /p { ratelimit plan; add_header X-Left $ratelimit_remaining always; try_files /t =404; }
+    location = /a1 { ratelimit_admin cr; }
+    location = /a2 { ratelimit_admin plan; }
+--- request eval
+["POST /a1?key=bob&set=10", "GET /t?k=bob", "POST /a2?key=b%2520b&set=3", "GET /p?k=b%20b"]
+--- error_code eval
+[200, 200, 200, 200]
+--- response_headers eval
+[undef, "X-Left: 9", undef, "X-Left: 2"]
+--- rl_redis_check
+GET cr:bob => 9
+GET rl:plan:plan-b%20b-x => 2
+
+
+
+=== TEST 9: a zone whose key has several variables cannot say which one key= gives
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone credits key=$arg_k:$host limit=100 algorithm=balance;
+--- config
+    location = /admin { ratelimit_admin credits; }
+--- must_die
+--- error_log eval
+qr/"ratelimit_admin" needs the key of zone "credits" to hold exactly one variable, whose value key= gives; it is "\$arg_k:\$host" in .*nginx\.conf:\d+/
