@@ -20,6 +20,8 @@
 --                        an empty balance)
 --   "B" (balance admin, a decision of its own): window 1 sets the balance to cost, 2 adds
 --                        cost to it; limit and burst are ignored
+--   "D" (reset, a decision of its own): deletes the key, whatever it holds; remaining is 1 if
+--                        there was one, else 0
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
 -- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
@@ -227,7 +229,7 @@ repeat
       end
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
           or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
-            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B')
+            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D')
           or (alg == 'B' and w ~= 1 and w ~= 2)
           or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
           or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
@@ -235,7 +237,7 @@ repeat
         break
       end
       local ok, v
-      if alg ~= 'l' and alg ~= 'r' then
+      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
@@ -336,7 +338,7 @@ repeat
         local balance = missing and burst or tonumber(v)
         s1[i], s2[i] = balance, missing
         ok = cost == 0 or balance >= cost
-      elseif alg == 'B' then
+      elseif alg == 'B' or alg == 'D' then
         ok = true
       else
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
@@ -548,6 +550,8 @@ repeat
         end
         remaining = max(0, remaining)
         reset = 0
+      elseif alg == 'D' then
+        remaining, reset = call('DEL', key), 0
       else
         local ms, r = s1[i], s2[i]
         if commit then

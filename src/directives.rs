@@ -633,13 +633,13 @@ unsafe extern "C" fn cmd_admin(
     else {
         return NGX_CONF_ERROR as _;
     };
-    let zone = mcf.zones.iter().position(|z| z.name == name && z.algorithm == Algorithm::Balance);
+    let zone = mcf.zones.iter().position(|z| z.name == name);
     let (Some(zone), Some(_)) = (zone, mcf.redis.as_ref()) else {
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,
-            "\"ratelimit_admin\" needs \"ratelimit_redis\" and a zone \"{name}\" with \
-             algorithm=balance declared before it"
+            "\"ratelimit_admin\" needs \"ratelimit_redis\" and a zone \"{name}\" declared \
+             before it"
         );
         return NGX_CONF_ERROR as _;
     };

@@ -278,7 +278,7 @@ pub unsafe fn pool_copy(r: *mut ngx_http_request_t, bytes: &[u8]) -> Option<&'st
 
 /// The gateway's clock: `clock=nginx`'s now, and the time whose calendar period a quota's
 /// headers describe.
-unsafe fn wall_ms() -> u64 {
+pub unsafe fn wall_ms() -> u64 {
     let tp = ngx_timeofday();
     tp.sec as u64 * 1000 + tp.msec as u64
 }

@@ -35,6 +35,16 @@ impl PeriodKind {
             _ => None,
         }
     }
+
+    /// As `period=` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeriodKind::Hour => "hour",
+            PeriodKind::Day => "day",
+            PeriodKind::Week => "week",
+            PeriodKind::Month => "month",
+        }
+    }
 }
 
 /// `+02:00`, `-05:30`, `+0`, `Z`: the offset in minutes.
@@ -128,6 +138,9 @@ mod tests {
         assert_eq!(Period { kind: PeriodKind::Day, offset_min: 1439 }.encode(), 28792);
         assert_eq!(PeriodKind::parse("week"), Some(PeriodKind::Week));
         assert_eq!(PeriodKind::parse("year"), None);
+        for k in [PeriodKind::Hour, PeriodKind::Day, PeriodKind::Week, PeriodKind::Month] {
+            assert_eq!(PeriodKind::parse(k.name()), Some(k));
+        }
     }
 
     #[test]

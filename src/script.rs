@@ -114,6 +114,8 @@ pub enum Algorithm {
     Balance,
     /// Not a zone's: `ratelimit_admin` sets (window field 1) or adds to (2) a balance the cost.
     BalanceAdmin,
+    /// Not a zone's: `ratelimit_admin`'s `DELETE` removes the key, whatever its algorithm.
+    Reset,
 }
 
 impl Algorithm {
@@ -138,6 +140,7 @@ impl Algorithm {
             Algorithm::CalendarQuota => b"q",
             Algorithm::Balance => b"b",
             Algorithm::BalanceAdmin => b"B",
+            Algorithm::Reset => b"D",
         }
     }
 
@@ -156,7 +159,8 @@ impl Algorithm {
             | Algorithm::Gcra
             | Algorithm::CalendarQuota
             | Algorithm::Balance
-            | Algorithm::BalanceAdmin => MAX_LIMIT,
+            | Algorithm::BalanceAdmin
+            | Algorithm::Reset => MAX_LIMIT,
         }
     }
 
@@ -164,7 +168,7 @@ impl Algorithm {
         match self {
             Algorithm::Gcra => burst,
             // Only the balance itself, in Redis, says how much one request may take.
-            Algorithm::Balance | Algorithm::BalanceAdmin => u64::MAX,
+            Algorithm::Balance | Algorithm::BalanceAdmin | Algorithm::Reset => u64::MAX,
             Algorithm::SlidingLog
             | Algorithm::SlidingLogPacked
             | Algorithm::SlidingCounter

@@ -1,6 +1,7 @@
-# ratelimit_admin: a location that reads, sets and tops up a balance zone's
-# credits through the worker's Redis pool, answering JSON; protected by
-# nginx's own allow/deny.
+# ratelimit_admin: a location that reads (GET) and resets (DELETE) what a
+# zone of any algorithm holds for a key, and sets and tops up (POST, PUT) a
+# balance zone's credits, through the worker's Redis pool, answering JSON;
+# protected by nginx's own allow/deny.
 use lib 't/lib';
 use RLTest;
 
@@ -21,8 +22,9 @@ __DATA__
 --- error_code eval
 [200, 200, 200, 200, 200, 200, 200, 402]
 --- response_body_like eval
-["^\\{\"balance\":0\\}\$", "^\\{\"balance\":2\\}\$", "^ok\$", "^\\{\"balance\":6\\}\$",
- "^\\{\"balance\":6\\}\$", "^ok\$", "^\\{\"balance\":0\\}\$", "402 Payment Required"]
+["^\\{\"zone\":\"credits\",\"key\":\"a\",\"balance\":0,\"limit\":100\\}\$",
+ "^\\{\"zone\":\"credits\",\"key\":\"a\",\"balance\":2\\}\$", "^ok\$",
+ "\"balance\":6\\}\$", "\"balance\":6,", "^ok\$", "\"balance\":0\\}\$", "402 Payment Required"]
 --- response_headers eval
 ["Content-Type: application/json", undef, "X-Left: 1", undef, undef, "X-Left: 5", undef, undef]
 --- rl_redis_check
@@ -37,8 +39,8 @@ GET rl:credits:a => 0
 --- config
     location = /admin { ratelimit_admin credits; }
 --- request eval
-["GET /admin", "GET /admin?key=a&set=-1", "GET /admin?key=a&add=x", "GET /admin?key=a&set=1&add=1",
- "GET /admin?key=a&set=1000000001"]
+["GET /admin", "POST /admin?key=a&set=-1", "POST /admin?key=a&add=x", "POST /admin?key=a&set=1&add=1",
+ "POST /admin?key=a&set=1000000001"]
 --- error_code eval
 [400, 400, 400, 400, 400]
 --- response_body_like eval
@@ -94,19 +96,18 @@ RLTest::redis_cmd('SCRIPT', 'FLUSH');
 POST /admin?key=a&add=3
 --- error_code: 200
 --- response_body
-{"balance":3}
+{"zone":"credits","key":"a","balance":3}
 
 
 
-=== TEST 6: only a balance zone, declared before
+=== TEST 6: a zone declared before
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
-    ratelimit_zone api key=$arg_k limit=100 window=1m;
 --- config
     location = /admin { ratelimit_admin api; }
 --- must_die
 --- error_log eval
-qr/"ratelimit_admin" needs "ratelimit_redis" and a zone "api" with algorithm=balance declared before it in .*nginx\.conf:\d+/
+qr/"ratelimit_admin" needs "ratelimit_redis" and a zone "api" declared before it in .*nginx\.conf:\d+/
 
 
 
@@ -122,8 +123,8 @@ qr/"ratelimit_admin" needs "ratelimit_redis" and a zone "api" with algorithm=bal
 --- error_code eval
 [405, 405, 405, 200, 200, 200]
 --- response_body_like eval
-["^\\{\"error\":\"set= and add= need POST or PUT\"\\}", "POST or PUT", "^\$", "^\\{\"balance\":5\\}",
- "^\\{\"balance\":6\\}", "^\\{\"balance\":6\\}"]
+["^\\{\"error\":\"set= and add= need POST or PUT\"\\}", "POST or PUT", "^\$", "\"balance\":5\\}",
+ "\"balance\":6\\}", "\"balance\":6,"]
 
 
 
@@ -158,3 +159,4 @@ GET rl:plan:plan-b%20b-x => 2
 --- must_die
 --- error_log eval
 qr/"ratelimit_admin" needs the key of zone "credits" to hold exactly one variable, whose value key= gives; it is "\$arg_k:\$host" in .*nginx\.conf:\d+/
+

@@ -18,7 +18,7 @@ use ngx::ngx_log_error;
 use super::node::{Addr, NodePool, Role};
 use super::pool::{log, now, RedisError};
 use super::query::Query;
-use super::resp::{self, Reply};
+use super::resp::{self, Reply, MAX_TOPOLOGY_REPLY_LEN};
 use super::topology::{parse_cluster_slots, NodeAddr, SlotTable};
 use crate::conf::RedisConf;
 use crate::metrics::Metrics;
@@ -188,7 +188,17 @@ impl Cluster {
         let cmd = resp::command(&[b"CLUSTER", b"SLOTS"]).into_boxed_slice();
         let owner = self as *mut Cluster as *mut c_void;
         // SAFETY: the cluster outlives its query: `destroy` cancels it.
-        match unsafe { Query::start(node, cmd, false, self.conf().timeout, owner, refreshed) } {
+        match unsafe {
+            Query::start(
+                node,
+                cmd,
+                false,
+                MAX_TOPOLOGY_REPLY_LEN,
+                self.conf().timeout,
+                owner,
+                refreshed,
+            )
+        } {
             Ok(q) => self.query = Some((q, addr)),
             // The node's breaker or connect refused: the next trigger asks another.
             Err(_) => self.arm(REFRESH_EVERY as ngx_msec_t),

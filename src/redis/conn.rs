@@ -281,7 +281,7 @@ impl Conn {
             if let Payload::Raw(bytes) = head.payload {
                 // SAFETY: a queued command is pending, and its owner keeps its bytes meanwhile.
                 self.out.extend_from_slice(unsafe { bytes.as_ref() });
-                let max_reply = resp::MAX_TOPOLOGY_REPLY_LEN;
+                let max_reply = head.max_reply;
                 self.sent.push_back(Sent { at: now, decides: 1, setup: None, written, max_reply });
                 metrics.gauge(Gauge::InFlight, 1);
                 let q = self.queued.pop_front().expect("head");

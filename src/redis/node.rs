@@ -17,7 +17,7 @@ use super::breaker::{self, Breaker, Transition};
 use super::conn::{Conn, Setup, MAX_OUTSTANDING};
 use super::pool::{log, Command, RedisError, Token, Waiter};
 use super::query::Query;
-use super::resp::Reply;
+use super::resp::{Reply, MAX_REPLY_LEN};
 use super::topology::NodeAddr;
 use crate::conf::{RedisConf, SeedAddr};
 use crate::metrics::{Counter, Gauge, Metrics};
@@ -405,7 +405,7 @@ impl NodePool {
         let owner = self as *mut NodePool as *mut c_void;
         let timeout = self.conf().timeout;
         let node = NonNull::from(&mut *self);
-        match Query::start(node, PING.into(), true, timeout, owner, probe_done) {
+        match Query::start(node, PING.into(), true, MAX_REPLY_LEN, timeout, owner, probe_done) {
             Ok(q) => self.probe = Some(q),
             Err(e) => {
                 // The connect failed at once (a refused loopback port): no connection was

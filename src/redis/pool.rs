@@ -14,7 +14,7 @@ use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_pos
 use super::cluster::Cluster;
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::node::{Addr, NodePool, Role};
-use super::resp::{ProtocolError, Reply};
+use super::resp::{ProtocolError, Reply, MAX_REPLY_LEN};
 use super::sentinel::Sentinel;
 use super::topology::Redirect;
 use crate::conf::MainConf;
@@ -114,6 +114,8 @@ pub struct Command {
     pub asking: bool,
     /// In a call of its own: its call with others was refused for one decision's keys.
     pub alone: bool,
+    /// The most bytes a raw command's reply may take (decisions: `resp::MAX_REPLY_LEN`).
+    pub max_reply: usize,
     /// On a Cluster, the slot of the decision's keys: one script call never spans two.
     /// `None` on one server, where any decisions may share a call.
     pub slot: Option<u16>,
@@ -122,7 +124,14 @@ pub struct Command {
 impl Command {
     pub fn decision(args: &EncodedArgs, reload: bool) -> Command {
         let payload = Payload::Decision(NonNull::from(args));
-        Command { payload, reload, asking: false, alone: false, slot: None }
+        Command {
+            payload,
+            reload,
+            asking: false,
+            alone: false,
+            max_reply: MAX_REPLY_LEN,
+            slot: None,
+        }
     }
 
     /// The command as a Cluster sends it: with its keys' slot.

@@ -26,8 +26,8 @@ pub struct Query {
 
 impl Query {
     /// Sends `bytes` (one RESP command) to `node`, on a fresh connection when `fresh` (a probe
-    /// must not ride on a connection that may be stuck), and reports its reply, or `Timeout`
-    /// after `timeout`, to `done(owner, ..)`. An immediate refusal is returned instead, and
+    /// must not ride on a connection that may be stuck), and reports its reply (of at most
+    /// `max_reply` bytes), or `Timeout` after `timeout`, to `done(owner, ..)`. An immediate refusal is returned instead, and
     /// `done` is then never called.
     ///
     /// # Safety
@@ -37,6 +37,7 @@ impl Query {
         node: NonNull<NodePool>,
         bytes: Box<[u8]>,
         fresh: bool,
+        max_reply: usize,
         timeout: ngx_msec_t,
         owner: *mut c_void,
         done: Done,
@@ -58,6 +59,7 @@ impl Query {
             reload: false,
             asking: false,
             alone: false,
+            max_reply,
             slot: None,
         };
         let waiter = NonNull::new_unchecked(ptr::addr_of_mut!((*q).waiter));

@@ -23,7 +23,7 @@ use super::breaker;
 use super::node::{Addr, NodePool, Role};
 use super::pool::{log, now, RedisError};
 use super::query::Query;
-use super::resp::{self, MasterAddr, Reply};
+use super::resp::{self, MasterAddr, Reply, MAX_REPLY_LEN};
 use crate::conf::RedisConf;
 use crate::metrics::Metrics;
 
@@ -172,7 +172,9 @@ impl Sentinel {
             let node = (&(*s).sentinels)[i];
             let bytes = (*s).question.clone();
             // An open breaker or a refused connect refuses at once: the next sentinel.
-            if let Ok(q) = Query::start(node, bytes, false, timeout, s as *mut c_void, answered) {
+            if let Ok(q) =
+                Query::start(node, bytes, false, MAX_REPLY_LEN, timeout, s as *mut c_void, answered)
+            {
                 (*s).asking = Some((q, i));
                 return;
             }
@@ -215,7 +217,15 @@ impl Sentinel {
         // Opens the first connection now, so that the first decision does not pay for it;
         // a failure here reaches `lost` like any other.
         let timeout = (*s).conf().timeout;
-        let sent = Query::start(node, PING.into(), false, timeout, s as *mut c_void, verified);
+        let sent = Query::start(
+            node,
+            PING.into(),
+            false,
+            MAX_REPLY_LEN,
+            timeout,
+            s as *mut c_void,
+            verified,
+        );
         // A check of an earlier primary must not take this one's place when it answers.
         if let Some((q, _)) = core::mem::replace(&mut (*s).verifying, sent.ok().map(|q| (q, node)))
         {
