@@ -4,6 +4,8 @@
 #                       -> build/ngx_http_ratelimit_module.so, build/nginx
 #   make build-system   module for Debian's packaged nginx (nginx-dev sources, 1.22.1)
 #                       -> build/system/ngx_http_ratelimit_module.so (loads into /usr/sbin/nginx)
+#   make deb            the Debian package libnginx-mod-http-ratelimit of that build (dh_nginx)
+#                       -> build/libnginx-mod-http-ratelimit_<version>_<arch>.deb
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
 #   make test           cargo test, 60 s of RESP fuzzing, prove -r t (vendored build; system
 #                       build too if present), every suite again under valgrind;
@@ -63,11 +65,13 @@ APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl va
 # Test::Nginx itself is not packaged: cpanminus installs it from CPAN (make deps-test-nginx).
 APT_TEST_NGINX := libtext-diff-perl libtest-longstring-perl libwww-perl libhttp-message-perl \
               libipc-run-perl liburi-perl liblist-moreutils-perl cpanminus
+# make deb / test-deb: debhelper and dh_nginx (nginx-dev) build the package, lintian checks it.
+APT_DEB    := debhelper dpkg-dev fakeroot nginx-dev lintian
 APT_DOCKER := docker.io debootstrap
 APT_RUN    := redis-server redis-tools curl
 APT_BENCH  := redis-server redis-tools wrk curl nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua \
               lua-nginx-redis python3-venv
-APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH))
+APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH) $(APT_DEB))
 
 # The harness the t/ suites run under: rltest (t/lib/RLTest.pm) or test-nginx (the real
 # Test::Nginx::Socket, from CPAN or from a checkout named by TEST_NGINX_LIB=/path/to/test-nginx/lib).
@@ -103,7 +107,7 @@ endef
         bench bench-compare bench-topology \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
-        deps-bench deps-docker \
+        deps-bench deps-docker deps-deb deb \
         print-apt-packages print-apt-docker-packages docker-bases docker-build docker-smoke docker-test
 
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +132,8 @@ deps-bench:
 	@$(call apt_ensure,$(APT_BUILD) $(APT_BENCH))
 deps-docker:
 	@$(call apt_ensure,$(APT_DOCKER))
+deps-deb:
+	@$(call apt_ensure,$(APT_DEB))
 
 # Test::Nginx::Socket for TEST_HARNESS=test-nginx: its dependencies from Debian, itself from CPAN
 # (cpanm needs to reach CPAN; where it cannot, use a checkout with TEST_NGINX_LIB instead).
@@ -242,6 +248,15 @@ smoke-system:
 	  echo "error: smoke-system failed: static='$$a' lua='$$b'" >&2; cat "$$tmp/error.log" >&2; exit 1
 	fi
 	echo "==> smoke-system: $(SYS_NGINX) loaded ndk + lua + ngx_http_ratelimit_module and served static + lua"
+
+# ---------------------------------------------------------------------------------------------
+# Debian package of the system build: packaging/debian/ (debhelper + dh_nginx), staged and built
+# by packaging/build-deb.sh. The package depends on the nginx-abi-* that nginx-dev's sources
+# declare, so apt refuses it for any other nginx build.
+
+deb: deps-deb
+	$(MAKE) build-system
+	packaging/build-deb.sh $(SYS_MODULE) $(BUILD)
 
 # ---------------------------------------------------------------------------------------------
 # run: redis-server + nginx (foreground) with nginx/quickstart.conf on 127.0.0.1:$(PORT)
