@@ -6,6 +6,8 @@
 #                       -> build/system/ngx_http_ratelimit_module.so (loads into /usr/sbin/nginx)
 #   make deb            the Debian package libnginx-mod-http-ratelimit of that build (dh_nginx)
 #                       -> build/libnginx-mod-http-ratelimit_<version>_<arch>.deb
+#   make test-deb       lintian, apt install, a ratelimit site through the stock nginx.conf
+#                       (own redis-server + nginx on free ports), apt-get remove and purge
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
 #   make test           cargo test, 60 s of RESP fuzzing, prove -r t (vendored build; system
 #                       build too if present), every suite again under valgrind;
@@ -107,7 +109,7 @@ endef
         bench bench-compare bench-topology \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
-        deps-bench deps-docker deps-deb deb \
+        deps-bench deps-docker deps-deb deb test-deb \
         print-apt-packages print-apt-docker-packages docker-bases docker-build docker-smoke docker-test
 
 # ---------------------------------------------------------------------------------------------
@@ -254,9 +256,18 @@ smoke-system:
 # by packaging/build-deb.sh. The package depends on the nginx-abi-* that nginx-dev's sources
 # declare, so apt refuses it for any other nginx build.
 
+DEB_REVISION ?= 1
+DEB_FILE = $(BUILD)/libnginx-mod-http-ratelimit_$(shell sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)-$(DEB_REVISION)_$(shell dpkg --print-architecture 2>/dev/null).deb
+
 deb: deps-deb
 	$(MAKE) build-system
-	packaging/build-deb.sh $(SYS_MODULE) $(BUILD)
+	DEB_REVISION=$(DEB_REVISION) packaging/build-deb.sh $(SYS_MODULE) $(BUILD)
+
+# Installs into the machine's nginx and purges again: not part of `make test`, which must not
+# change the system; CI runs it.
+test-deb: deps-deb deps-test
+	$(MAKE) deb
+	packaging/test-deb.sh $(DEB_FILE)
 
 # ---------------------------------------------------------------------------------------------
 # run: redis-server + nginx (foreground) with nginx/quickstart.conf on 127.0.0.1:$(PORT)
