@@ -8,6 +8,12 @@
 #                       -> build/libnginx-mod-http-ratelimit_<version>_<arch>.deb
 #   make test-deb       lintian, apt install, a ratelimit site through the stock nginx.conf
 #                       (own redis-server + nginx on free ports), apt-get remove and purge
+#   make build-for NGINX_SRC=/path/to/nginx-x.y.z NGINX_BIN=/path/to/nginx
+#                       module for any nginx: its source tree (or tarball) configured with the
+#                       arguments `NGINX_BIN -V` prints, plus --with-compat
+#                       -> build/for/nginx-<version>-<hash>/ngx_http_ratelimit_module.so
+#   make test-build-for build-for against nginx 1.28.0 (nginx-src crate) and 1.22.1 (nginx-dev),
+#                       each nginx compiled here; t/010-basic.t on both; the cross-load refusal
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
 #   make test           cargo test, 60 s of RESP fuzzing, prove -r t (vendored build; system
 #                       build too if present), every suite again under valgrind;
@@ -109,7 +115,7 @@ endef
         bench bench-compare bench-topology \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
-        deps-bench deps-docker deps-deb deb test-deb \
+        deps-bench deps-docker deps-deb deb test-deb build-for test-build-for \
         print-apt-packages print-apt-docker-packages docker-bases docker-build docker-smoke docker-test
 
 # ---------------------------------------------------------------------------------------------
@@ -250,6 +256,19 @@ smoke-system:
 	  echo "error: smoke-system failed: static='$$a' lua='$$b'" >&2; cat "$$tmp/error.log" >&2; exit 1
 	fi
 	echo "==> smoke-system: $(SYS_NGINX) loaded ndk + lua + ngx_http_ratelimit_module and served static + lua"
+
+# ---------------------------------------------------------------------------------------------
+# Any nginx: packaging/build-for.sh configures a copy of NGINX_SRC like NGINX_BIN (`nginx -V`)
+# and checks that NGINX_BIN loads the result.
+
+build-for: deps-build
+	[ -n "$(NGINX_SRC)" ] && [ -n "$(NGINX_BIN)" ] || {
+	  echo "usage: make build-for NGINX_SRC=/path/to/nginx-x.y.z[.tar.gz] NGINX_BIN=/path/to/sbin/nginx" >&2; exit 2; }
+	packaging/build-for.sh "$(NGINX_SRC)" "$(NGINX_BIN)"
+
+# Two nginx compiles (a few minutes each on 2 cores) on the first run; later runs reuse them.
+test-build-for: deps-system deps-test
+	packaging/test-build-for.sh
 
 # ---------------------------------------------------------------------------------------------
 # Debian package of the system build: packaging/debian/ (debhelper + dh_nginx), staged and built
