@@ -88,7 +88,31 @@ ZCARD rl:back:a => 1
 
 
 
-=== TEST 4: (3) ratelimit in an ngx.location.capture target does nothing; its variables show the main request's decision
+=== TEST 4: (2) the way out: ngx.exec from rewrite_by_lua runs before any decision, so the target decides
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone front key=$arg_k limit=5 window=10s clock=nginx;
+    ratelimit_zone back key=$arg_k limit=1 window=10s clock=nginx;
+--- config
+    location /front {
+        ratelimit front;
+        rewrite_by_lua_block { ngx.exec("/back", ngx.var.args) }
+    }
+    location /back {
+        ratelimit back;
+        content_by_lua_block { ngx.say("back ", ngx.var.ratelimit_status) }
+    }
+--- request eval
+["GET /front?k=a", "GET /front?k=a"]
+--- error_code eval
+[200, 429]
+--- rl_redis_check
+EXISTS rl:front:a => 0
+ZCARD rl:back:a => 1
+
+
+
+=== TEST 5: (3) ratelimit in an ngx.location.capture target does nothing; its variables show the main request's decision
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone main key=$arg_k limit=5 window=10s clock=nginx;
@@ -121,7 +145,7 @@ EXISTS rl:sub:a => 0
 
 
 
-=== TEST 5: (3) the same for an auth_request target
+=== TEST 6: (3) the same for an auth_request target
 --- skip_eval: 1: !main::nginx_has('http_auth_request_module')
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
@@ -145,7 +169,7 @@ DBSIZE => 0
 
 
 
-=== TEST 6: (4) a response produced in rewrite_by_lua is never limited
+=== TEST 7: (4) a response produced in rewrite_by_lua is never limited
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
@@ -167,7 +191,7 @@ ZCARD rl:api:a => 1
 
 
 
-=== TEST 7: (5) error_page 429 = @named answers what the handler answers: 200 unless it sets the status
+=== TEST 8: (5) error_page 429 = @named answers what the handler answers: 200 unless it sets the status
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
