@@ -38,8 +38,9 @@ if [ -f "$src" ]; then
         tar -xf "$src" -C "$unpacked.tmp"
         mv "$unpacked.tmp" "$unpacked"
     fi
-    src=$(dirname "$(find "$unpacked" -maxdepth 3 -path '*/src/core/nginx.h' | head -n1)")
-    src=${src%/src/core}
+    header=$(find "$unpacked" -maxdepth 5 -path '*/src/core/nginx.h' | head -n1)
+    [ -n "$header" ] || { echo "error: no nginx source tree (src/core/nginx.h) in $1" >&2; exit 1; }
+    src=${header%/src/core/nginx.h}
 fi
 [ -f "$src/src/core/nginx.h" ] || { echo "error: $src is not an nginx source tree (no src/core/nginx.h)" >&2; exit 1; }
 src_ver=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' "$src/src/core/nginx.h")
