@@ -7,6 +7,30 @@ use RLTest;
 plan(skip_all => 'needs the Lua module (Debian: libnginx-mod-http-lua; make test-system)')
     unless nginx_has('ngx_http_lua_module');
 
+# (3) nginx -t warns about a ratelimit line in an auth_request target of the same server; one
+# inherited from the server level is not warned about (it limits the location's own requests).
+if (nginx_has('http_auth_request_module')) {
+    my ($rc, $out) = nginx_t(http_config => <<'HTTP', config => <<'SERVER');
+    ratelimit_redis 127.0.0.1:6379;
+    ratelimit_zone api key=$arg_k limit=5 window=10s;
+    ratelimit_zone site key=$arg_k limit=5 window=10s;
+HTTP
+    ratelimit site;
+    location /t { auth_request /auth; }
+    location ~ ^/re/ { auth_request /deep/auth?from=re; }
+    location = /auth { internal; ratelimit api; return 204; }
+    location /deep { location /deep/auth { ratelimit api; } }
+    location /other { ratelimit api; }
+SERVER
+    is($rc, 0, 'nginx -t passes with a ratelimit in an auth_request target');
+    like($out, qr/\[warn\].*ratelimit "api" in location "\/auth" never applies to the auth_request subrequests of "\/t" \(subrequests are not limited: limit the requests that make them\), in \S+nginx\.conf:\d+/,
+        '... and warns, naming the zone, both locations and the line');
+    like($out, qr/\[warn\].*ratelimit "api" in location "\/deep\/auth" never applies to the auth_request subrequests of "\^\/re\/"/,
+        '... also for a nested target named by a regex location');
+    unlike($out, qr/"site"|location "\/other"|location "\/deep" /,
+        '... not about a ratelimit inherited from the server, nor about locations no auth_request names');
+}
+
 run_tests();
 
 __DATA__
