@@ -4,9 +4,20 @@
 #                       -> build/ngx_http_ratelimit_module.so, build/nginx
 #   make build-system   module for Debian's packaged nginx (nginx-dev sources, 1.22.1)
 #                       -> build/system/ngx_http_ratelimit_module.so (loads into /usr/sbin/nginx)
+#   make deb            the Debian package libnginx-mod-http-ratelimit of that build (dh_nginx)
+#                       -> build/libnginx-mod-http-ratelimit_<version>_<arch>.deb
+#   make test-deb       lintian, apt install, a ratelimit site through the stock nginx.conf
+#                       (own redis-server + nginx on free ports), apt-get remove and purge
+#   make build-for NGINX_SRC=/path/to/nginx-x.y.z NGINX_BIN=/path/to/nginx
+#                       module for any nginx: its source tree (or tarball) configured with the
+#                       arguments `NGINX_BIN -V` prints, plus --with-compat
+#                       -> build/for/nginx-<version>-<hash>/ngx_http_ratelimit_module.so
+#   make test-build-for build-for against nginx 1.28.0 (nginx-src crate) and 1.22.1 (nginx-dev),
+#                       each nginx compiled here; t/010-basic.t on both; the cross-load refusal
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
-#   make test           cargo test, 60 s of RESP fuzzing, prove -r t (vendored build; system
-#                       build too if present), every suite again under valgrind;
+#   make test           cargo test, 60 s of RESP fuzzing, prove -r t against the vendored build
+#                       and against the system build (built if needed), every suite again under
+#                       valgrind (checks that cannot hold there are skipped with their reason);
 #                       TEST_HARNESS=test-nginx: the suites under the real Test::Nginx::Socket
 #   make docker-bases   the Dockerfile's FROM images from Debian's packages (no registry needed)
 #   make docker-build | docker-smoke | docker-test   the image, its smoke test, make test in it
@@ -63,11 +74,13 @@ APT_TEST   := redis-server redis-tools libtest-base-perl lua-nginx-redis curl va
 # Test::Nginx itself is not packaged: cpanminus installs it from CPAN (make deps-test-nginx).
 APT_TEST_NGINX := libtext-diff-perl libtest-longstring-perl libwww-perl libhttp-message-perl \
               libipc-run-perl liburi-perl liblist-moreutils-perl cpanminus
+# make deb / test-deb: debhelper and dh_nginx (nginx-dev) build the package, lintian checks it.
+APT_DEB    := debhelper dpkg-dev fakeroot nginx-dev lintian
 APT_DOCKER := docker.io debootstrap
 APT_RUN    := redis-server redis-tools curl
 APT_BENCH  := redis-server redis-tools wrk curl nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua \
               lua-nginx-redis python3-venv
-APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH))
+APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH) $(APT_DEB))
 
 # The harness the t/ suites run under: rltest (t/lib/RLTest.pm) or test-nginx (the real
 # Test::Nginx::Socket, from CPAN or from a checkout named by TEST_NGINX_LIB=/path/to/test-nginx/lib).
@@ -103,7 +116,7 @@ endef
         bench bench-compare bench-topology \
         smoke smoke-system fmt fmt-check lint clean \
         deps deps-build deps-system deps-test deps-test-nginx deps-test-nginx-apt deps-run \
-        deps-bench deps-docker \
+        deps-bench deps-docker deps-deb deb test-deb build-for test-build-for \
         print-apt-packages print-apt-docker-packages docker-bases docker-build docker-smoke docker-test
 
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +141,8 @@ deps-bench:
 	@$(call apt_ensure,$(APT_BUILD) $(APT_BENCH))
 deps-docker:
 	@$(call apt_ensure,$(APT_DOCKER))
+deps-deb:
+	@$(call apt_ensure,$(APT_DEB))
 
 # Test::Nginx::Socket for TEST_HARNESS=test-nginx: its dependencies from Debian, itself from CPAN
 # (cpanm needs to reach CPAN; where it cannot, use a checkout with TEST_NGINX_LIB instead).
@@ -244,6 +259,37 @@ smoke-system:
 	echo "==> smoke-system: $(SYS_NGINX) loaded ndk + lua + ngx_http_ratelimit_module and served static + lua"
 
 # ---------------------------------------------------------------------------------------------
+# Any nginx: packaging/build-for.sh configures a copy of NGINX_SRC like NGINX_BIN (`nginx -V`)
+# and checks that NGINX_BIN loads the result.
+
+build-for: deps-build
+	[ -n "$(NGINX_SRC)" ] && [ -n "$(NGINX_BIN)" ] || {
+	  echo "usage: make build-for NGINX_SRC=/path/to/nginx-x.y.z[.tar.gz] NGINX_BIN=/path/to/sbin/nginx" >&2; exit 2; }
+	packaging/build-for.sh "$(NGINX_SRC)" "$(NGINX_BIN)"
+
+# Two nginx compiles (a few minutes each on 2 cores) on the first run; later runs reuse them.
+test-build-for: deps-system deps-test
+	packaging/test-build-for.sh
+
+# ---------------------------------------------------------------------------------------------
+# Debian package of the system build: packaging/debian/ (debhelper + dh_nginx), staged and built
+# by packaging/build-deb.sh. The package depends on the nginx-abi-* that nginx-dev's sources
+# declare, so apt refuses it for any other nginx build.
+
+DEB_REVISION ?= 1
+DEB_FILE = $(BUILD)/libnginx-mod-http-ratelimit_$(shell sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)-$(DEB_REVISION)_$(shell dpkg --print-architecture 2>/dev/null).deb
+
+deb: deps-deb
+	$(MAKE) build-system
+	DEB_REVISION=$(DEB_REVISION) packaging/build-deb.sh $(SYS_MODULE) $(BUILD)
+
+# Installs into the machine's nginx and purges again: not part of `make test`, which must not
+# change the system; CI runs it.
+test-deb: deps-deb deps-test
+	$(MAKE) deb
+	packaging/test-deb.sh $(DEB_FILE)
+
+# ---------------------------------------------------------------------------------------------
 # run: redis-server + nginx (foreground) with nginx/quickstart.conf on 127.0.0.1:$(PORT)
 
 run: deps-run
@@ -307,8 +353,11 @@ test: deps-test
 	$(MAKE) test-unit || rc=1
 	$(MAKE) test-fuzz || rc=1
 	$(MAKE) test-vendored || rc=1
-	if [ -f $(SYS_MODULE) ]; then $(MAKE) test-system || rc=1
-	else echo "==> skipping test-system: no $(SYS_MODULE) (run make build-system)"; fi
+	# Debian's nginx with OpenResty's Lua module: (re)built, since its suites are the ones that
+	# prove the Lua compatibility; only a machine without Debian's nginx-dev and apt cannot.
+	if [ -f $(SYS_SRC)/conf_flags ] || { [ "$${SKIP_APT:-}" != 1 ] && command -v apt-get >/dev/null; }; then
+	  { $(MAKE) build-system && $(MAKE) test-system; } || rc=1
+	else echo "==> skipping test-system: no $(SYS_SRC)/conf_flags (Debian's nginx-dev) and no apt-get to install it"; fi
 	$(MAKE) test-valgrind || rc=1
 	exit $$rc
 

@@ -13,6 +13,11 @@ fn main() {
     if features.split(',').any(|f| f == "ssl") {
         println!("cargo::rustc-cfg=ngx_ssl");
     }
+    // Regex locations exist only in an nginx built with PCRE (src/auth_target.rs walks them).
+    println!("cargo::rustc-check-cfg=cfg(ngx_pcre)");
+    if features.split(',').any(|f| f == "pcre") {
+        println!("cargo::rustc-cfg=ngx_pcre");
+    }
     if let (Ok(dir), Ok(out)) = (std::env::var("DEP_NGINX_BUILD_DIR"), std::env::var("OUT_DIR")) {
         // OUT_DIR is target/<profile>/build/<crate>-<hash>/out.
         if let Some(profile_dir) = std::path::Path::new(&out).ancestors().nth(3) {

@@ -19,6 +19,8 @@ pub mod text;
 #[cfg(not(test))]
 mod admin;
 #[cfg(not(test))]
+mod auth_target;
+#[cfg(not(test))]
 mod conf;
 #[cfg(not(test))]
 mod directives;

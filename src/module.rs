@@ -13,7 +13,7 @@ use ngx::ngx_log_error;
 
 use crate::conf::{merge_loc_conf, LocConf, MainConf};
 use crate::redis::pool::WorkerPool;
-use crate::{directives, handler, script, variables};
+use crate::{auth_target, directives, handler, script, variables};
 
 pub struct RateLimit;
 
@@ -40,6 +40,7 @@ impl HttpModule for RateLimit {
             return Status::NGX_ERROR.into();
         }
         *h = Some(handler::access_handler);
+        auth_target::warn(cf, cmcf);
         Status::NGX_OK.into()
     }
 }

@@ -177,6 +177,7 @@ GET from-init => $TEST_NGINX_SERVER_PORT
 
 
 === TEST 11: main_config, and a request that is given up on
+--- skip_eval: 1: $ENV{TEST_NGINX_VALGRIND} # valgrind refuses setrlimit(RLIMIT_NOFILE) above its own descriptor limit: nginx logs an [alert]
 --- main_config
 worker_rlimit_nofile 4096;
 --- config
