@@ -1,10 +1,13 @@
 //! Per-worker memory of recent rejections, so that a client that keeps hitting a limit it has
 //! already exhausted is answered 429 locally instead of costing a Redis round trip per request.
 //!
-//! This stays exact: none of the algorithms frees a unit before the retry-after Redis reported, so
-//! until then every request of the same zone and key that costs at least as much, under the same
-//! limit and window, would be rejected by Redis too. Limit and window are compared because they can
-//! come from per-request variables.
+//! None of the algorithms frees a unit before the retry-after Redis reported, so until then every
+//! request of the same zone and key that costs at least as much, under the same limit and window,
+//! would be rejected by Redis too — unless the key changes in Redis meanwhile (an operator's reset,
+//! `FLUSHALL`, a new balance). So an entry is kept only while Redis tracks its key for the worker
+//! (`crate::redis::invalidation`), and forgotten when Redis says the key changed. Limit and window
+//! are compared because they can come from per-request variables. Keys are whole Redis keys, as
+//! Redis names them in its invalidations.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -76,7 +79,7 @@ impl DenyCache {
 
     /// Remembers a rejection of `key` in zone `zone`, replacing any previous one, evicting the
     /// least recently used entry when full.
-    pub fn insert(&mut self, zone: usize, key: &[u8], denial: Denial) {
+    pub fn insert(&mut self, zone: usize, key: &[&[u8]], denial: Denial) {
         if let Some(i) = self.find(zone, key) {
             self.slots[i].denial = denial;
             self.touch(i);
@@ -107,7 +110,7 @@ impl DenyCache {
     pub fn check(
         &mut self,
         zone: usize,
-        key: &[u8],
+        key: &[&[u8]],
         cost: u64,
         limit: u64,
         window_ms: u64,
@@ -127,16 +130,32 @@ impl DenyCache {
         Some(d.until_ms - now_ms)
     }
 
+    /// Drops what is remembered of `key` in zone `zone`.
+    pub fn forget(&mut self, zone: usize, key: &[&[u8]]) {
+        if let Some(i) = self.find(zone, key) {
+            self.remove(i);
+        }
+    }
+
+    /// Drops everything.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.slots.clear();
+        (self.head, self.tail) = (NIL, NIL);
+    }
+
     /// Number of entries, expired ones included until they are checked or evicted.
     pub fn len(&self) -> usize {
         self.slots.len()
     }
 
     /// Assembles the lookup key in the scratch buffer (where `insert` reuses it) and finds its slot.
-    fn find(&mut self, zone: usize, key: &[u8]) -> Option<usize> {
+    fn find(&mut self, zone: usize, key: &[&[u8]]) -> Option<usize> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&zone.to_le_bytes());
-        self.scratch.extend_from_slice(key);
+        for part in key {
+            self.scratch.extend_from_slice(part);
+        }
         self.map.get(&self.scratch[..]).copied()
     }
 
@@ -206,7 +225,7 @@ mod tests {
 
     /// Whether `key` in `zone` hits with the defaults of `denial` at time 0.
     fn hits(c: &mut DenyCache, zone: usize, key: &[u8]) -> bool {
-        c.check(zone, key, 1, 10, 1000, 0).is_some()
+        c.check(zone, &[key], 1, 10, 1000, 0).is_some()
     }
 
     /// The entries from most to least recently used, after checking every structural invariant.
@@ -235,24 +254,24 @@ mod tests {
     #[test]
     fn hit_and_miss() {
         let mut c = DenyCache::new(4);
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 0), None);
-        c.insert(0, b"a", denial(500, 1));
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 100), Some(400));
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 499), Some(1));
-        assert_eq!(c.check(0, b"b", 1, 10, 1000, 100), None);
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
+        c.insert(0, &[b"a"], denial(500, 1));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 100), Some(400));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 499), Some(1));
+        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 100), None);
         assert_eq!(c.len(), 1);
     }
 
     #[test]
     fn expired_entries_miss_and_are_removed() {
         let mut c = DenyCache::new(4);
-        c.insert(0, b"a", denial(500, 1));
-        c.insert(0, b"b", denial(900, 1));
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 500), None);
+        c.insert(0, &[b"a"], denial(500, 1));
+        c.insert(0, &[b"b"], denial(900, 1));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 500), None);
         assert_eq!(c.len(), 1);
         assert_eq!(order(&c), [(full_key(0, b"b"), denial(900, 1))]);
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 0), None);
-        assert_eq!(c.check(0, b"b", 1, 10, 1000, 1000), None);
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
+        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 1000), None);
         assert_eq!(c.len(), 0);
         order(&c);
     }
@@ -260,49 +279,49 @@ mod tests {
     #[test]
     fn cheaper_requests_miss_and_keep_the_entry() {
         let mut c = DenyCache::new(4);
-        c.insert(0, b"a", denial(500, 3));
-        assert_eq!(c.check(0, b"a", 2, 10, 1000, 0), None);
+        c.insert(0, &[b"a"], denial(500, 3));
+        assert_eq!(c.check(0, &[b"a"], 2, 10, 1000, 0), None);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, b"a", 3, 10, 1000, 0), Some(500));
-        assert_eq!(c.check(0, b"a", 7, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 3, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 7, 10, 1000, 0), Some(500));
     }
 
     #[test]
     fn other_limit_or_window_misses() {
         let mut c = DenyCache::new(4);
-        c.insert(0, b"a", denial(500, 1));
-        assert_eq!(c.check(0, b"a", 1, 11, 1000, 0), None);
-        assert_eq!(c.check(0, b"a", 1, 9, 1000, 0), None);
-        assert_eq!(c.check(0, b"a", 1, 10, 999, 0), None);
-        assert_eq!(c.check(0, b"a", 1, 10, 1001, 0), None);
+        c.insert(0, &[b"a"], denial(500, 1));
+        assert_eq!(c.check(0, &[b"a"], 1, 11, 1000, 0), None);
+        assert_eq!(c.check(0, &[b"a"], 1, 9, 1000, 0), None);
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 999, 0), None);
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1001, 0), None);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), Some(500));
     }
 
     #[test]
     fn insert_replaces() {
         let mut c = DenyCache::new(4);
-        c.insert(0, b"a", denial(500, 5));
-        c.insert(0, b"a", Denial { until_ms: 300, cost: 1, limit: 20, window_ms: 60 });
+        c.insert(0, &[b"a"], denial(500, 5));
+        c.insert(0, &[b"a"], Denial { until_ms: 300, cost: 1, limit: 20, window_ms: 60 });
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, b"a", 5, 10, 1000, 0), None);
-        assert_eq!(c.check(0, b"a", 1, 20, 60, 100), Some(200));
+        assert_eq!(c.check(0, &[b"a"], 5, 10, 1000, 0), None);
+        assert_eq!(c.check(0, &[b"a"], 1, 20, 60, 100), Some(200));
     }
 
     #[test]
     fn evicts_the_least_recently_used() {
         let mut c = DenyCache::new(3);
-        c.insert(0, b"a", denial(500, 1));
-        c.insert(0, b"b", denial(500, 1));
-        c.insert(0, b"c", denial(500, 1));
+        c.insert(0, &[b"a"], denial(500, 1));
+        c.insert(0, &[b"b"], denial(500, 1));
+        c.insert(0, &[b"c"], denial(500, 1));
         // A hit refreshes "a", so "b" is now the oldest.
         assert!(hits(&mut c, 0, b"a"));
-        c.insert(0, b"d", denial(500, 1));
+        c.insert(0, &[b"d"], denial(500, 1));
         assert_eq!(c.len(), 3);
         assert!(!hits(&mut c, 0, b"b"));
         // Replacing refreshes too: "c" becomes the newest, leaving "a" the oldest.
-        c.insert(0, b"c", denial(600, 1));
-        c.insert(0, b"e", denial(500, 1));
+        c.insert(0, &[b"c"], denial(600, 1));
+        c.insert(0, &[b"e"], denial(500, 1));
         let keys: Vec<_> = order(&c).into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, [full_key(0, b"e"), full_key(0, b"c"), full_key(0, b"d")]);
     }
@@ -310,10 +329,10 @@ mod tests {
     #[test]
     fn misses_do_not_refresh() {
         let mut c = DenyCache::new(2);
-        c.insert(0, b"a", denial(500, 5));
-        c.insert(0, b"b", denial(500, 1));
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 0), None);
-        c.insert(0, b"c", denial(500, 1));
+        c.insert(0, &[b"a"], denial(500, 5));
+        c.insert(0, &[b"b"], denial(500, 1));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
+        c.insert(0, &[b"c"], denial(500, 1));
         assert!(!hits(&mut c, 0, b"a"));
         assert!(hits(&mut c, 0, b"b"));
     }
@@ -322,13 +341,13 @@ mod tests {
     fn capacity_one() {
         for cap in [0, 1] {
             let mut c = DenyCache::new(cap);
-            c.insert(0, b"a", denial(500, 1));
+            c.insert(0, &[b"a"], denial(500, 1));
             assert!(hits(&mut c, 0, b"a"));
-            c.insert(0, b"b", denial(500, 1));
+            c.insert(0, &[b"b"], denial(500, 1));
             assert_eq!(c.len(), 1);
             assert!(!hits(&mut c, 0, b"a"));
             assert!(hits(&mut c, 0, b"b"));
-            c.insert(0, b"b", denial(700, 1));
+            c.insert(0, &[b"b"], denial(700, 1));
             assert_eq!(order(&c), [(full_key(0, b"b"), denial(700, 1))]);
         }
     }
@@ -336,19 +355,19 @@ mod tests {
     #[test]
     fn zones_and_keys_are_distinct() {
         let mut c = DenyCache::new(8);
-        c.insert(0, b"a", denial(100, 1));
-        c.insert(0, b"b", denial(200, 1));
-        c.insert(1, b"a", denial(300, 1));
-        c.insert(256, b"a", denial(400, 1));
+        c.insert(0, &[b"a"], denial(100, 1));
+        c.insert(0, &[b"b"], denial(200, 1));
+        c.insert(1, &[b"a"], denial(300, 1));
+        c.insert(256, &[b"a"], denial(400, 1));
         // The zone prefix has a fixed width, so moving bytes between zone and key cannot collide.
-        c.insert(0, b"", denial(500, 1));
-        assert_eq!(c.check(0, b"a", 1, 10, 1000, 0), Some(100));
-        assert_eq!(c.check(0, b"b", 1, 10, 1000, 0), Some(200));
-        assert_eq!(c.check(1, b"a", 1, 10, 1000, 0), Some(300));
-        assert_eq!(c.check(256, b"a", 1, 10, 1000, 0), Some(400));
-        assert_eq!(c.check(0, b"", 1, 10, 1000, 0), Some(500));
-        assert_eq!(c.check(1, b"b", 1, 10, 1000, 0), None);
-        assert_eq!(c.check(2, b"a", 1, 10, 1000, 0), None);
+        c.insert(0, &[b""], denial(500, 1));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), Some(100));
+        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 0), Some(200));
+        assert_eq!(c.check(1, &[b"a"], 1, 10, 1000, 0), Some(300));
+        assert_eq!(c.check(256, &[b"a"], 1, 10, 1000, 0), Some(400));
+        assert_eq!(c.check(0, &[b""], 1, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(1, &[b"b"], 1, 10, 1000, 0), None);
+        assert_eq!(c.check(2, &[b"a"], 1, 10, 1000, 0), None);
         assert_eq!(c.len(), 5);
     }
 
@@ -415,11 +434,11 @@ mod tests {
                 let (cost, limit, window_ms) = (1 + rng(3), 10 + rng(2), 1000 + rng(2));
                 if rng(3) == 0 {
                     let d = Denial { until_ms: now + rng(300), cost, limit, window_ms };
-                    c.insert(zone, key, d);
+                    c.insert(zone, &[key], d);
                     m.insert(zone, key, d);
                 } else {
                     assert_eq!(
-                        c.check(zone, key, cost, limit, window_ms, now),
+                        c.check(zone, &[key], cost, limit, window_ms, now),
                         m.check(zone, key, cost, limit, window_ms, now)
                     );
                 }
@@ -427,5 +446,29 @@ mod tests {
                 assert_eq!(order(&c), m.entries);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod forgetting {
+    use super::*;
+
+    #[test]
+    fn keys_are_their_parts_and_can_be_forgotten() {
+        let d = Denial { until_ms: 500, cost: 1, limit: 10, window_ms: 1000 };
+        let mut c = DenyCache::new(4);
+        c.insert(0, &[b"rl:", b"api", b":", b"bob"], d);
+        c.insert(1, &[b"rl:api:bob"], d);
+        c.insert(0, &[b"rl:api:eve"], d);
+        // Parts or whole, the same key.
+        assert!(c.check(0, &[b"rl:api:bob"], 1, 10, 1000, 0).is_some());
+        c.forget(0, &[b"rl:api:bob"]);
+        assert_eq!(c.check(0, &[b"rl:api:bob"], 1, 10, 1000, 0), None);
+        assert!(c.check(1, &[b"rl:api:bob"], 1, 10, 1000, 0).is_some());
+        c.clear();
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.check(0, &[b"rl:api:eve"], 1, 10, 1000, 0), None);
+        c.insert(0, &[b"x"], d);
+        assert_eq!(c.len(), 1);
     }
 }

@@ -24,6 +24,7 @@ use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
+use crate::redis::invalidation::{self, Forget};
 use crate::redis::pool::{Command, RedisError, Token, Waiter, WorkerPool};
 use crate::redis::resp::Reply;
 use crate::redis::topology::{parse_redirect, Redirect};
@@ -70,9 +71,10 @@ impl ZoneReq {
         self.key.value()
     }
 
-    /// The key as the deny cache knows it: short values only.
-    fn cached_value(&self) -> Option<&[u8]> {
-        Some(self.value()).filter(|v| v.len() <= DENY_CACHE_MAX_KEY)
+    /// The key as the deny cache knows it, the whole Redis key as Redis names it in its
+    /// invalidations: short values only.
+    fn cached_key(&self) -> Option<[&[u8]; 4]> {
+        Some(self.key.parts()).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
     }
 
     fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
@@ -92,6 +94,9 @@ impl ZoneReq {
 
 /// Rejections remembered per worker. Each entry costs its key plus about 130 bytes.
 const DENY_CACHE_ENTRIES: usize = 10_000;
+/// How long a rejection whose key Redis does not track for this worker is remembered: the
+/// longest a reset can then go unheard.
+const UNTRACKED_DENIAL_MS: u64 = 100;
 /// Longer keys are always asked of Redis, so the deny cache stays small whatever clients send.
 const DENY_CACHE_MAX_KEY: usize = 256;
 
@@ -315,9 +320,14 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut cache = mcf.deny_cache.borrow_mut();
     let Some(cache) = cache.as_mut() else { return false };
     let (now, entries) = (ngx_current_msec as u64, cache.len());
+    // What Redis said changed since the last request, forgotten first.
+    invalidation::drain(|f| match f {
+        Forget::All => cache.clear(),
+        Forget::Key(key) => (0..mcf.zones.len()).for_each(|zone| cache.forget(zone, &[key])),
+    });
     for (i, z) in ctx.zones.iter().enumerate() {
-        let Some(value) = z.cached_value() else { continue };
-        if let Some(left) = cache.check(z.zone, value, z.cost, z.limit, z.window_ms, now) {
+        let Some(key) = z.cached_key() else { continue };
+        if let Some(left) = cache.check(z.zone, &key, z.cost, z.limit, z.window_ms, now) {
             if ctx.quota.is_none_or(|(_, _, longest)| left > longest) {
                 ctx.quota = Some((i, 0, left));
             }
@@ -331,16 +341,24 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     true
 }
 
-/// Remembers the zones that rejected a request, for `rejected_from_memory`.
+/// Remembers the zones that rejected a request, for `rejected_from_memory`: until the retry-after
+/// when Redis tracks the key for this worker (a change to it is heard of at once), briefly
+/// otherwise.
 fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
+    let Some(pool) = WorkerPool::get(mcf) else { return };
     let mut cache = mcf.deny_cache.borrow_mut();
     let cache = cache.get_or_insert_with(|| DenyCache::new(DENY_CACHE_ENTRIES));
     let entries = cache.len();
     for (z, v) in ctx.zones.iter().zip(&d.zones) {
-        if let Some(value) = z.cached_value().filter(|_| !v.ok) {
-            let until_ms = ctx.started as u64 + v.reset_ms;
+        if let Some(key) = z.cached_key().filter(|_| !v.ok) {
+            let mut until_ms = ctx.started as u64 + v.reset_ms;
+            if !pool.track(&key) {
+                // Not tracked yet (the tracker is connecting) or not at all (refused): a change
+                // would go unheard, so it is remembered briefly only.
+                until_ms = until_ms.min(ctx.started as u64 + UNTRACKED_DENIAL_MS);
+            }
             let denial = Denial { until_ms, cost: z.cost, limit: z.limit, window_ms: z.window_ms };
-            cache.insert(z.zone, value, denial);
+            cache.insert(z.zone, &key, denial);
         }
     }
     mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);

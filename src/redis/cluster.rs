@@ -128,6 +128,13 @@ impl Cluster {
         }
     }
 
+    /// The node the table says serves `slot`, if it knows.
+    pub fn owner(&mut self, slot: u16) -> Option<NonNull<NodePool>> {
+        let i = self.table.node_of(slot)?;
+        let addr = self.table.nodes()[i].clone();
+        self.node(&addr).ok()
+    }
+
     /// The pool of node `addr`, created on first use.
     pub fn node(&mut self, addr: &NodeAddr) -> Result<NonNull<NodePool>, RedisError> {
         if let Some(&(_, p)) = self.pools.iter().find(|(a, _)| a == addr) {

@@ -27,6 +27,7 @@ use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
 use super::resp::{self, Reply};
 use super::tls;
 use super::topology::redirect_from;
+use super::tracker::Tracker;
 use crate::metrics::{Counter, Gauge};
 use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 
@@ -98,6 +99,9 @@ pub struct Conn {
     setting_up: usize,
     /// Posted by the first command of an event-loop iteration; writes the whole batch.
     flush_ev: ngx_event_t,
+    /// A connection of the node's tracker (`true`: its subscriber), never used for decisions:
+    /// every reply goes to the tracker, asked for or not (invalidation messages).
+    dedicated: Option<(NonNull<Tracker>, bool)>,
 }
 
 impl Conn {
@@ -132,6 +136,7 @@ impl Conn {
                 next_seq: 0,
                 setting_up: 0,
                 flush_ev: core::mem::zeroed(),
+                dedicated: None,
             });
             if (*pool).reported() {
                 // nginx logs each failed connect() itself; an outage was already reported.
@@ -197,6 +202,40 @@ impl Conn {
         }
     }
 
+    /// A connection for `tracker` alone, outside the node's pool: set up like the others
+    /// (`AUTH`, ...), then written to with [`Conn::send`].
+    pub fn dedicated(
+        pool: *mut NodePool,
+        tracker: NonNull<Tracker>,
+        subscriber: bool,
+    ) -> Result<NonNull<Conn>, RedisError> {
+        let conn = Conn::connect(pool)?;
+        // SAFETY: just made, and not yet known to anything else.
+        unsafe { (*conn.as_ptr()).dedicated = Some((tracker, subscriber)) };
+        Ok(conn)
+    }
+
+    /// Writes a command of a dedicated connection; its reply goes to the tracker.
+    ///
+    /// # Safety
+    /// `this` is a live dedicated connection.
+    pub unsafe fn send(this: NonNull<Conn>, bytes: &[u8]) {
+        let conn = &mut *this.as_ptr();
+        conn.out.extend_from_slice(bytes);
+        let (at, written, max_reply) = (ngx_current_msec, Instant::now(), resp::MAX_REPLY_LEN);
+        conn.sent.push_back(Sent { at, decides: 0, setup: None, written, max_reply });
+        ngx_post_event(&mut conn.flush_ev, ptr::addr_of_mut!(ngx_posted_events));
+    }
+
+    /// Closes a dedicated connection without telling its tracker, which is closing it.
+    ///
+    /// # Safety
+    /// `this` is a live dedicated connection.
+    pub unsafe fn close_dedicated(this: NonNull<Conn>) {
+        (*this.as_ptr()).dedicated = None;
+        Conn::close(this, RedisError::Closed, false);
+    }
+
     /// Queues a decision; everything queued in one event-loop iteration goes out in one write.
     ///
     /// # Safety
@@ -244,11 +283,17 @@ impl Conn {
         // reached through the raw pointer only.
         unsafe {
             let conn = Box::from_raw(this.as_ptr());
-            if log {
-                (*conn.pool).failed(&why);
+            // A tracker's connection is no decision's: the node's own connections report Redis
+            // failing, and count in its gauges.
+            if let Some((tracker, _)) = conn.dedicated {
+                (*tracker.as_ptr()).closed(this);
+            } else {
+                if log {
+                    (*conn.pool).failed(&why);
+                }
+                (*conn.pool).metrics.gauge(Gauge::InFlight, -(conn.in_flight.len() as i64));
+                (*conn.pool).forget(this);
             }
-            (*conn.pool).metrics.gauge(Gauge::InFlight, -(conn.in_flight.len() as i64));
-            (*conn.pool).forget(this);
             if conn.flush_ev.posted() != 0 {
                 ngx_delete_posted_event(ptr::addr_of!(conn.flush_ev) as *mut _);
             }
@@ -453,7 +498,15 @@ impl Conn {
                             }
                         }
                         let late = conn.overdue();
-                        let Some(sent) = conn.sent.pop_front() else {
+                        let sent = conn.sent.pop_front();
+                        if let Some((tracker, sub)) = conn.dedicated {
+                            if sent.as_ref().is_none_or(|s| s.setup.is_none()) {
+                                // Asked for or not: an invalidation comes unasked.
+                                (*tracker.as_ptr()).replied(sub, reply);
+                                continue;
+                            }
+                        }
+                        let Some(sent) = sent else {
                             return Conn::close(this, RedisError::UnexpectedReply, true);
                         };
                         if let Some(step) = sent.setup {
@@ -547,9 +600,15 @@ impl Conn {
             if ngx_exiting != 0 {
                 return Conn::close(this, RedisError::Closed, false);
             }
-            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too.
+            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too, unless
+            // it is a tracker's, which must stay to hear of changes.
             (*c).set_idle(1);
-            ngx_add_timer(rev, pool.conf().keepalive_timeout);
+            if conn.dedicated.is_none() {
+                ngx_add_timer(rev, pool.conf().keepalive_timeout);
+            } else if (*rev).timer_set() != 0 {
+                // The last reply's deadline, met.
+                ngx_del_timer(rev);
+            }
         } else {
             conn.arm_reply_deadline();
             if !conn.queued.is_empty() {

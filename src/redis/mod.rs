@@ -6,6 +6,7 @@ pub mod breaker;
 mod cluster;
 #[cfg(not(test))]
 mod conn;
+pub mod invalidation;
 #[cfg(not(test))]
 mod node;
 #[cfg(not(test))]
@@ -20,3 +21,5 @@ pub mod slot;
 pub mod tls;
 pub mod tls_params;
 pub mod topology;
+#[cfg(not(test))]
+mod tracker;

@@ -19,6 +19,7 @@ use super::pool::{log, Command, RedisError, Token, Waiter};
 use super::query::Query;
 use super::resp::{Reply, MAX_REPLY_LEN};
 use super::topology::NodeAddr;
+use super::tracker::Tracker;
 use crate::conf::{RedisConf, SeedAddr};
 use crate::metrics::{Counter, Gauge, Metrics};
 
@@ -155,6 +156,8 @@ pub struct NodePool {
     /// The outage was reported already (by a former pool for the same address, a primary
     /// named again after it failed): failures are not logged until the node answers.
     quiet: bool,
+    /// Tells the deny cache when keys of this node change; made when first needed.
+    tracker: Option<Box<Tracker>>,
 }
 
 impl NodePool {
@@ -176,6 +179,7 @@ impl NodePool {
             watcher: None,
             cluster_logged: false,
             quiet: false,
+            tracker: None,
         });
         let p = Box::into_raw(pool);
         // SAFETY: `p` is the fresh, pinned allocation; the cycle log outlives the worker.
@@ -210,6 +214,9 @@ impl NodePool {
     /// `p` came from `create` and is not used afterwards.
     pub unsafe fn destroy(p: NonNull<NodePool>) {
         (*p.as_ptr()).stop_probing();
+        if let Some(t) = (*p.as_ptr()).tracker.take() {
+            Tracker::destroy(t);
+        }
         let p = p.as_ptr();
         // Closing a connection reaches the pool through the connection's raw pointer, so the
         // pool is owned again (and dropped) only once no connection is left to do so.
@@ -218,6 +225,14 @@ impl NodePool {
         }
         (*p).breaker_gauge(false);
         drop(Box::from_raw(p));
+    }
+
+    /// Asks this node to tell the worker when `key` changes; false when it cannot yet.
+    pub fn track(&mut self, key: &[u8]) -> bool {
+        let me = NonNull::from(&mut *self);
+        // SAFETY: the tracker is destroyed with its node, first.
+        let t = self.tracker.get_or_insert_with(|| unsafe { Tracker::create(me) });
+        t.track(key)
     }
 
     pub(super) fn conf(&self) -> &'static RedisConf {

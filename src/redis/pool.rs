@@ -231,6 +231,24 @@ impl WorkerPool {
         sent
     }
 
+    /// Asks the node that holds `key` to tell this worker when it changes, so that a rejection
+    /// of it may be remembered; false when that cannot be had now.
+    pub fn track(&mut self, key: &[&[u8]]) -> bool {
+        // SAFETY: the nodes are alive while the pool is.
+        unsafe {
+            let node = match self.mode {
+                Mode::Single(node) => Ok(node),
+                Mode::Sentinel(s) => (*s.as_ptr()).primary(),
+                // Only where the table knows the key's node: a seed that does not hold it would
+                // never tell of its changes.
+                Mode::Cluster(c) => {
+                    (*c.as_ptr()).owner(super::slot::key_slot(key)).ok_or(RedisError::Unavailable)
+                }
+            };
+            node.is_ok_and(|n| (*n.as_ptr()).track(&key.concat()))
+        }
+    }
+
     /// Follows a Cluster redirection: `MOVED` patches the table and goes where it now points,
     /// `ASK` sends this one command, after `ASKING`, to the node importing the slot. Without
     /// `cluster=on` there is nowhere to follow it to.

@@ -1,0 +1,179 @@
+//! What Redis says about keys that changed, for the deny cache: the messages of its client-side
+//! caching (`CLIENT TRACKING`, RESP2: a `SUBSCRIBE __redis__:invalidate` connection), read into
+//! events (pure), and the worker's list of keys to forget until the next request looks.
+//!
+//! The tracker (`super::tracker`) fills the list from its connection's events; the access
+//! handler drains it into the deny cache before it trusts a remembered rejection. Nothing is
+//! called back into the handler from a connection.
+
+use std::cell::RefCell;
+
+use super::resp::Reply;
+
+/// The channel Redis sends invalidations on, for a client whose tracking is redirected to a
+/// subscriber (RESP2).
+pub const CHANNEL: &[u8] = b"__redis__:invalidate";
+
+/// A reply on the subscriber connection, or on the tracking connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// `CLIENT ID`: the subscriber's id, which tracking redirects to.
+    Id(i64),
+    /// `SUBSCRIBE` confirmed.
+    Subscribed,
+    /// These keys changed (written, deleted, expired, evicted).
+    Keys(Vec<&'a [u8]>),
+    /// Everything changed (`FLUSHALL`, `FLUSHDB`): Redis sends no key list.
+    All,
+    /// `+OK` (`CLIENT TRACKING`), or an `EXISTS` count.
+    Ok(i64),
+    Error(&'a [u8]),
+    /// Anything else: not what a tracking connection is answered with.
+    Strange,
+}
+
+pub fn event(reply: &Reply) -> Event<'_> {
+    match reply {
+        Reply::Int(n) => Event::Ok(*n),
+        Reply::Status(_) => Event::Ok(0),
+        Reply::Error(e) => Event::Error(e),
+        Reply::Array(Some(items)) => match items.as_slice() {
+            [Reply::Bulk(Some(kind)), Reply::Bulk(Some(ch)), Reply::Int(_)]
+                if kind == b"subscribe" && ch == CHANNEL =>
+            {
+                Event::Subscribed
+            }
+            [Reply::Bulk(Some(kind)), Reply::Bulk(Some(ch)), payload]
+                if kind == b"message" && ch == CHANNEL =>
+            {
+                match payload {
+                    Reply::Array(Some(keys)) => {
+                        let keys: Option<Vec<&[u8]>> = keys
+                            .iter()
+                            .map(|k| match k {
+                                Reply::Bulk(Some(k)) => Some(k.as_slice()),
+                                _ => None,
+                            })
+                            .collect();
+                        keys.map_or(Event::Strange, Event::Keys)
+                    }
+                    Reply::Bulk(None) | Reply::Array(None) => Event::All,
+                    _ => Event::Strange,
+                }
+            }
+            _ => Event::Strange,
+        },
+        _ => Event::Strange,
+    }
+}
+
+/// What the next request must forget before it trusts the deny cache.
+#[derive(Default)]
+struct Pending {
+    all: bool,
+    keys: Vec<Vec<u8>>,
+}
+
+/// Keys waiting to be forgotten, at most; past this, everything is.
+const MAX_PENDING: usize = 10_000;
+
+thread_local! {
+    // A worker is one thread; the list lives as long as it.
+    static PENDING: RefCell<Pending> = RefCell::default();
+}
+
+/// One of what [`drain`] hands over.
+pub enum Forget<'a> {
+    All,
+    Key(&'a [u8]),
+}
+
+/// Every remembered rejection must go: its tracking was lost, or Redis flushed.
+pub fn forget_all() {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        p.all = true;
+        p.keys.clear();
+    });
+}
+
+/// The rejections remembered for `key` must go.
+pub fn forget(key: &[u8]) {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.all {
+            return;
+        }
+        if p.keys.len() >= MAX_PENDING {
+            p.all = true;
+            p.keys.clear();
+        } else {
+            p.keys.push(key.to_vec());
+        }
+    });
+}
+
+/// Hands over what must be forgotten, once.
+pub fn drain(mut f: impl FnMut(Forget<'_>)) {
+    let p = PENDING.with(|p| core::mem::take(&mut *p.borrow_mut()));
+    if p.all {
+        f(Forget::All);
+    }
+    for k in &p.keys {
+        f(Forget::Key(k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::resp::decode;
+
+    fn ev(bytes: &[u8]) -> Reply {
+        decode(bytes).unwrap().unwrap().0
+    }
+
+    #[test]
+    fn redis_messages() {
+        // As Redis 7.0.15 sent them (RESP2, tracking redirected to a subscriber).
+        assert_eq!(event(&ev(b":3\r\n")), Event::Ok(3));
+        let sub = ev(b"*3\r\n$9\r\nsubscribe\r\n$20\r\n__redis__:invalidate\r\n:1\r\n");
+        assert_eq!(event(&sub), Event::Subscribed);
+        let one = ev(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$2\r\nk1\r\n");
+        assert_eq!(event(&one), Event::Keys(vec![b"k1"]));
+        let all = ev(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n$-1\r\n");
+        assert_eq!(event(&all), Event::All);
+        assert_eq!(event(&ev(b"+OK\r\n")), Event::Ok(0));
+        assert_eq!(event(&ev(b"-NOPERM no\r\n")), Event::Error(b"NOPERM no"));
+        let other = ev(b"*3\r\n$7\r\nmessage\r\n$5\r\nother\r\n*1\r\n$2\r\nk1\r\n");
+        assert_eq!(event(&other), Event::Strange);
+        let bad = ev(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n:1\r\n");
+        assert_eq!(event(&bad), Event::Strange);
+    }
+
+    #[test]
+    fn pending_keys_are_handed_over_once() {
+        let seen = || {
+            let mut out = Vec::new();
+            drain(|f| {
+                out.push(match f {
+                    Forget::All => "*".to_string(),
+                    Forget::Key(k) => String::from_utf8_lossy(k).into_owned(),
+                })
+            });
+            out
+        };
+        forget(b"a");
+        forget(b"b");
+        assert_eq!(seen(), ["a", "b"]);
+        assert!(seen().is_empty());
+        forget(b"a");
+        forget_all();
+        forget(b"c");
+        assert_eq!(seen(), ["*"]);
+        for i in 0..=MAX_PENDING {
+            forget(format!("k{i}").as_bytes());
+        }
+        assert_eq!(seen(), ["*"]);
+    }
+}

@@ -1,0 +1,255 @@
+//! Redis client-side caching for the deny cache, per node and worker: a rejection is remembered
+//! only once Redis tracks its key for this worker, so that any change to the key (an operator's
+//! `DEL` or reset, `FLUSHALL`, a new balance, expiry) makes every worker of every gateway forget
+//! it within a round trip, instead of when its `Retry-After` runs out.
+//!
+//! Two connections of their own, never used for decisions: a subscriber (`CLIENT ID`, then
+//! `SUBSCRIBE __redis__:invalidate`) and a tracking connection (`CLIENT TRACKING on REDIRECT
+//! <id>`), on which each remembered key is read once (`EXISTS`). Losing either loses the
+//! tracking, so everything remembered is forgotten and both start again when next needed.
+
+use core::ffi::c_void;
+use core::ptr::{self, NonNull};
+use std::collections::VecDeque;
+
+use ngx::ffi::{
+    ngx_current_msec, ngx_cycle, ngx_delete_posted_event, ngx_event_t, ngx_post_event,
+    ngx_posted_events, NGX_LOG_ERR,
+};
+use ngx::ngx_log_error;
+
+use super::conn::Conn;
+use super::invalidation::{self, event, Event, CHANNEL};
+use super::node::NodePool;
+use super::pool::log;
+use super::resp::{self, Reply};
+
+/// A tracker that failed or lost a connection starts again at most this often.
+const RESTART_EVERY: u64 = 1000;
+/// `EXISTS` awaiting their reply, at most: past this, rejections are not remembered.
+const MAX_PENDING: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    /// `CLIENT ID` sent on the subscriber.
+    Identifying,
+    /// `SUBSCRIBE` sent.
+    Subscribing,
+    /// `CLIENT TRACKING on REDIRECT` sent on the tracking connection.
+    Enabling,
+    Ready,
+}
+
+pub struct Tracker {
+    node: NonNull<NodePool>,
+    state: State,
+    sub: Option<NonNull<Conn>>,
+    trk: Option<NonNull<Conn>>,
+    /// The keys of the `EXISTS` on the wire, in order: one that is gone already changed before
+    /// its tracking began.
+    pending: VecDeque<Vec<u8>>,
+    /// Replies of the two connections, handled from `ev` (never inside a connection's read).
+    inbox: Vec<(bool, Reply)>,
+    /// A connection closed: handled from `ev` too.
+    lost: bool,
+    ev: ngx_event_t,
+    started: Option<u64>,
+    /// The subscriber's `CLIENT ID`.
+    id: i64,
+    /// Redis refused tracking (an ACL, a managed service): said once.
+    refused_logged: bool,
+}
+
+impl Tracker {
+    /// # Safety
+    /// `node` outlives the tracker ([`Tracker::destroy`] runs first).
+    pub unsafe fn create(node: NonNull<NodePool>) -> Box<Tracker> {
+        let mut t = Box::new(Tracker {
+            node,
+            state: State::Idle,
+            sub: None,
+            trk: None,
+            pending: VecDeque::new(),
+            inbox: Vec::new(),
+            lost: false,
+            ev: core::mem::zeroed(),
+            started: None,
+            id: 0,
+            refused_logged: false,
+        });
+        let p: *mut Tracker = &mut *t;
+        t.ev.handler = Some(on_event);
+        t.ev.data = p as *mut c_void;
+        t.ev.log = (*ngx_cycle).log;
+        t
+    }
+
+    /// Asks Redis to tell this worker when `key` changes. False while that cannot be had yet
+    /// (connecting, refused, too much pending): then the rejection must not be remembered.
+    pub fn track(&mut self, key: &[u8]) -> bool {
+        match self.state {
+            State::Ready if self.pending.len() < MAX_PENDING => {
+                let Some(trk) = self.trk else { return false };
+                // SAFETY: a connection in `trk` is alive: its closing clears the field first.
+                unsafe { Conn::send(trk, &resp::command(&[b"EXISTS", key])) };
+                self.pending.push_back(key.to_vec());
+                true
+            }
+            State::Idle => {
+                self.start();
+                false
+            }
+            _ => false,
+        }
+    }
+
+    fn start(&mut self) {
+        // SAFETY: the worker's clock.
+        let now = unsafe { ngx_current_msec } as u64;
+        if self.started.is_some_and(|t| now.wrapping_sub(t) < RESTART_EVERY) {
+            return;
+        }
+        self.started = Some(now);
+        let me = NonNull::from(&mut *self);
+        match Conn::dedicated(self.node.as_ptr(), me, true) {
+            Ok(sub) => {
+                self.sub = Some(sub);
+                // SAFETY: just made.
+                unsafe { Conn::send(sub, &resp::command(&[b"CLIENT", b"ID"])) };
+                self.state = State::Identifying;
+            }
+            // The node's own decisions report connect failures.
+            Err(_) => self.state = State::Idle,
+        }
+    }
+
+    /// A reply on one of the two connections (`sub`: the subscriber's), from its read: kept
+    /// for the event, which may write to and close connections.
+    pub(super) fn replied(&mut self, sub: bool, reply: Reply) {
+        self.inbox.push((sub, reply));
+        self.post();
+    }
+
+    /// One of the two connections is closing (freed right after).
+    pub(super) fn closed(&mut self, conn: NonNull<Conn>) {
+        if self.sub == Some(conn) {
+            self.sub = None;
+        }
+        if self.trk == Some(conn) {
+            self.trk = None;
+        }
+        self.lost = true;
+        self.post();
+    }
+
+    fn post(&mut self) {
+        if self.ev.posted() == 0 {
+            // SAFETY: the event is this pinned tracker's; `destroy` removes it.
+            unsafe { ngx_post_event(&mut self.ev, ptr::addr_of_mut!(ngx_posted_events)) };
+        }
+    }
+
+    fn run(&mut self) {
+        for (sub, reply) in core::mem::take(&mut self.inbox) {
+            if self.state == State::Idle {
+                break;
+            }
+            self.handle(sub, &reply);
+        }
+        if self.lost {
+            self.stop();
+        }
+    }
+
+    fn handle(&mut self, sub: bool, reply: &Reply) {
+        match (self.state, sub, event(reply)) {
+            (_, _, Event::Error(e)) => self.refused(&String::from_utf8_lossy(e)),
+            (State::Identifying, true, Event::Ok(id)) => {
+                self.send(true, &[b"SUBSCRIBE", CHANNEL]);
+                self.state = State::Subscribing;
+                self.id = id;
+            }
+            (State::Subscribing, true, Event::Subscribed) => {
+                let me = NonNull::from(&mut *self);
+                match Conn::dedicated(self.node.as_ptr(), me, false) {
+                    Ok(trk) => {
+                        self.trk = Some(trk);
+                        let id = self.id.to_string();
+                        self.send(
+                            false,
+                            &[b"CLIENT", b"TRACKING", b"on", b"REDIRECT", id.as_bytes()],
+                        );
+                        self.state = State::Enabling;
+                    }
+                    Err(_) => self.stop(),
+                }
+            }
+            (State::Enabling, false, Event::Ok(_)) => self.state = State::Ready,
+            (State::Ready, false, Event::Ok(n)) => {
+                // A key gone before its tracking began changed meanwhile (`DEL`, `FLUSHALL`).
+                if let Some(key) = self.pending.pop_front() {
+                    if n == 0 {
+                        invalidation::forget(&key);
+                    }
+                }
+            }
+            (State::Ready | State::Enabling, true, Event::Keys(keys)) => {
+                keys.into_iter().for_each(invalidation::forget);
+            }
+            (State::Ready | State::Enabling, true, Event::All) => invalidation::forget_all(),
+            _ => self.refused("an unexpected reply"),
+        }
+    }
+
+    fn send(&mut self, sub: bool, args: &[&[u8]]) {
+        if let Some(c) = if sub { self.sub } else { self.trk } {
+            // SAFETY: a connection held here is alive (see `track`).
+            unsafe { Conn::send(c, &resp::command(args)) };
+        }
+    }
+
+    /// Redis will not track for us: said once per worker and node, and tried again later.
+    fn refused(&mut self, why: &str) {
+        if !core::mem::replace(&mut self.refused_logged, true) {
+            // SAFETY: the node outlives its tracker.
+            let name = unsafe { self.node.as_ref().name() };
+            ngx_log_error!(
+                NGX_LOG_ERR,
+                log(),
+                "ratelimit: redis \"{name}\" refused client tracking ({why}): rejections are \
+                 not remembered by the deny cache (see docs/redis-acl.md)"
+            );
+        }
+        self.stop();
+    }
+
+    /// Both connections go, and with them what they tracked.
+    fn stop(&mut self) {
+        for c in [self.sub.take(), self.trk.take()].into_iter().flatten() {
+            // SAFETY: alive; detached first, so that its closing does not call back here.
+            unsafe { Conn::close_dedicated(c) };
+        }
+        if self.state == State::Ready || self.lost {
+            invalidation::forget_all();
+        }
+        self.pending.clear();
+        self.inbox.clear();
+        self.lost = false;
+        self.state = State::Idle;
+    }
+
+    /// # Safety
+    /// `t` is not used afterwards; called by its node's `destroy`.
+    pub unsafe fn destroy(mut t: Box<Tracker>) {
+        t.stop();
+        if t.ev.posted() != 0 {
+            ngx_delete_posted_event(&mut t.ev);
+        }
+    }
+}
+
+unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
+    // SAFETY: the event's data is its tracker, which removes the event before it goes.
+    (*((*ev).data as *mut Tracker)).run();
+}
