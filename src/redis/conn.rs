@@ -77,6 +77,14 @@ struct Sent {
     max_reply: usize,
 }
 
+impl Sent {
+    /// A command that is no set-up, whose reply answers `decides` decisions (0: dropped, or a
+    /// tracker's).
+    fn new(at: ngx_msec_t, decides: usize, written: Instant, max_reply: usize) -> Sent {
+        Sent { at, decides, setup: None, written, max_reply }
+    }
+}
+
 pub struct Conn {
     pool: *mut NodePool,
     pc: ngx_peer_connection_t,
@@ -222,8 +230,8 @@ impl Conn {
     pub unsafe fn send(this: NonNull<Conn>, bytes: &[u8]) {
         let conn = &mut *this.as_ptr();
         conn.out.extend_from_slice(bytes);
-        let (at, written, max_reply) = (ngx_current_msec, Instant::now(), resp::MAX_REPLY_LEN);
-        conn.sent.push_back(Sent { at, decides: 0, setup: None, written, max_reply });
+        let sent = Sent::new(ngx_current_msec, 0, Instant::now(), resp::MAX_REPLY_LEN);
+        conn.sent.push_back(sent);
         ngx_post_event(&mut conn.flush_ev, ptr::addr_of_mut!(ngx_posted_events));
     }
 
@@ -326,8 +334,7 @@ impl Conn {
             if let Payload::Raw(bytes) = head.payload {
                 // SAFETY: a queued command is pending, and its owner keeps its bytes meanwhile.
                 self.out.extend_from_slice(unsafe { bytes.as_ref() });
-                let max_reply = head.max_reply;
-                self.sent.push_back(Sent { at: now, decides: 1, setup: None, written, max_reply });
+                self.sent.push_back(Sent::new(now, 1, written, head.max_reply));
                 metrics.gauge(Gauge::InFlight, 1);
                 let q = self.queued.pop_front().expect("head");
                 self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
@@ -355,29 +362,16 @@ impl Conn {
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
                 script::write_script_load(&mut self.out, script::script());
-                self.sent.push_back(Sent {
-                    at: now,
-                    decides: 0,
-                    setup: None,
-                    written,
-                    max_reply: resp::MAX_REPLY_LEN,
-                });
+                self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
                 metrics.count(Counter::ScriptLoads);
             }
             if head.asking {
                 // Lets the importing node serve the next command only; its `+OK` is dropped.
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
-                self.sent.push_back(Sent {
-                    at: now,
-                    decides: 0,
-                    setup: None,
-                    written,
-                    max_reply: resp::MAX_REPLY_LEN,
-                });
+                self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
             }
             script::write_batch(&mut self.out, script::script(), &batch);
-            let (decides, max_reply) = (batch.len(), resp::MAX_REPLY_LEN);
-            self.sent.push_back(Sent { at: now, decides, setup: None, written, max_reply });
+            self.sent.push_back(Sent::new(now, batch.len(), written, resp::MAX_REPLY_LEN));
             metrics.gauge(Gauge::InFlight, batch.len() as i64);
             for q in self.queued.drain(..batch.len()) {
                 self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
