@@ -50,6 +50,9 @@ pub struct Ctx {
     zones: Vec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
+    /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
+    /// wait admits it, so no header may suggest one.
+    beyond_capacity: bool,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -147,19 +150,6 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
                 return apply(ctx, lcf, mcf);
             }
         };
-        let capacity = zone.algorithm.capacity(limit_n, zone.burst);
-        if cost > capacity {
-            let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
-            ngx_log_error!(
-                lcf.log_level(),
-                (*(*r).connection).log,
-                "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
-                 request {outcome}",
-                zone.name
-            );
-            ctx.status = Status::Rejected;
-            return apply(ctx, lcf, mcf);
-        }
         // SAFETY: the value lives in the request's pool, as the context that keeps the key does.
         let mut value = core::slice::from_raw_parts(value.data, value.len);
         if redis.cluster && !zone.exact_key {
@@ -176,6 +166,22 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             None => None,
         };
         ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member });
+        let capacity = zone.algorithm.capacity(limit_n, zone.burst);
+        if cost > capacity {
+            let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
+            ngx_log_error!(
+                lcf.log_level(),
+                (*(*r).connection).log,
+                "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
+                 request {outcome}",
+                zone.name
+            );
+            // A rejection by this zone, for the access log and the metrics, like any other.
+            ctx.status = Status::Rejected;
+            ctx.quota = Some((ctx.zones.len() - 1, 0, 0));
+            ctx.beyond_capacity = true;
+            return apply(ctx, lcf, mcf);
+        }
     }
     if ctx.zones.is_empty() {
         ctx.status = Status::Skipped;
@@ -358,6 +364,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         retries: Retries::default(),
         started: 0,
         zones: Vec::new(),
+        beyond_capacity: false,
         quota: None,
     }))?;
     // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
@@ -800,7 +807,8 @@ fn log_throttle(last: &mut ngx_msec_t) -> bool {
 unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     ctx.applied = true;
     let r = ctx.r;
-    let decided_by_redis = ctx.status == Status::Rejected;
+    // A cost beyond the zone's capacity was logged as such already.
+    let decided_by_redis = ctx.status == Status::Rejected && !ctx.beyond_capacity;
     if lcf.dry_run() && matches!(ctx.status, Status::Rejected | Status::RejectedLocal) {
         ctx.status = Status::RejectedDryRun;
     }
@@ -808,7 +816,8 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     let rejected =
         matches!(ctx.status, Status::Rejected | Status::RejectedCached | Status::RejectedLocal);
     // A dry run must not change what clients see: headers only when configured explicitly.
-    let headers = lcf.headers.is_some() || !lcf.dry_run();
+    // A cost beyond capacity gets none: no wait admits it, and no figure would say so.
+    let headers = (lcf.headers.is_some() || !lcf.dry_run()) && !ctx.beyond_capacity;
     if let Some((i, remaining, reset_ms)) = ctx.quota {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();

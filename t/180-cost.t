@@ -93,6 +93,37 @@ DBSIZE => 0
 
 
 
+=== TEST 4b: a cost above the zone's capacity names its zone in the access log and is counted as a rejection
+Issue 19: it logged zone=- limit=- and was missing from ratelimit_decisions_total. A second zone
+before it is counted as rejected with it, as in any rejection of several zones; the zone's own
+status= answers, and no RateLimit header suggests a wait.
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_metrics_zone 64k;
+    ratelimit_zone wide key=$arg_k limit=100 window=10s;
+    ratelimit_zone api  key=$arg_k limit=5 window=10s status=403;
+    log_format rl '$arg_k $status rl=[$ratelimit_status] zone=[$ratelimit_zone] limit=[$ratelimit_limit] rem=[$ratelimit_remaining]';
+--- config
+    access_log logs/access.log rl;
+    location /t { ratelimit wide; ratelimit api cost=6; }
+    location /u { ratelimit api cost=6; ratelimit_dry_run on; }
+    location = /metrics { ratelimit_metrics; }
+--- request eval
+["GET /t?k=a", "GET /u?k=d", "GET /metrics"]
+--- error_code eval
+[403, 200, 200]
+--- response_headers eval
+["!RateLimit-Limit\n!RateLimit-Remaining\n!Retry-After", "!RateLimit-Limit", ""]
+--- response_body_like eval
+[qr/./, qr/./, qr/\A(?=.*^ratelimit_decisions_total\{zone="api",status="REJECTED"\} 1$)(?=.*^ratelimit_decisions_total\{zone="api",status="REJECTED_DRY_RUN"\} 1$)(?=.*^ratelimit_decisions_total\{zone="wide",status="REJECTED"\} 1$)/ms]
+--- rl_access_log eval
+[qr/^a 403 rl=\[REJECTED\] zone=\[api\] limit=\[5\] rem=\[0\]$/m,
+ qr/^d 200 rl=\[REJECTED_DRY_RUN\] zone=\[api\] limit=\[5\] rem=\[0\]$/m]
+--- rl_redis_check
+DBSIZE => 0
+
+
+
 === TEST 5: limit and window per consumer plan
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
