@@ -21,6 +21,7 @@ use crate::deny_cache::{Denial, DenyCache};
 use crate::headers::{self, Policy, Quota};
 use crate::key::{cluster_value, shorten, Key, Piece};
 use crate::local_limit::{LocalLimiter, LocalZone};
+use crate::log_throttle::LogThrottle;
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
@@ -144,7 +145,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             (Ok(l), Ok(w), Ok(c)) => (l, zone.period.map_or(w, |p| p.length_ms(wall_ms())), c),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
-                fail(ctx, lcf, mcf, Failure::BadValue(what, zone.name.clone(), value));
+                let bad = Failure::BadValue(what, limit.zone, zone.name.clone(), value);
+                fail(ctx, lcf, mcf, bad);
                 // Not among the request's zones yet (`apply` counts those): the one that failed.
                 mcf.metrics.get().request(ctx.status, core::iter::once((limit.zone, 0)));
                 return apply(ctx, lcf, mcf);
@@ -684,14 +686,17 @@ unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
             Status::FailedClosed
         }),
     };
-    // Bad variable values and a full local table have their own throttles: an outage must not
-    // hide them, nor they it.
-    let last = match failure {
-        Failure::BadValue(..) => ptr::addr_of_mut!(BAD_VALUE_LOG),
-        _ if no_room => ptr::addr_of_mut!(NO_ROOM_LOG),
-        _ => ptr::addr_of_mut!(FAILURE_LOG),
+    // Bad variable values (per figure and zone) and a full local table have their own
+    // throttles: an outage must not hide them, nor they it, nor one bad figure another.
+    let now = ngx_current_msec as u64;
+    let logged = match failure {
+        Failure::BadValue(what, zone, ..) => {
+            (*ptr::addr_of_mut!(BAD_VALUE_LOG)).allow((what, zone), now)
+        }
+        _ if no_room => (*ptr::addr_of_mut!(NO_ROOM_LOG)).allow((), now),
+        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow((), now),
     };
-    if log_throttle(&mut *last) {
+    if logged {
         let outcome = match ctx.status {
             _ if no_room => {
                 "rejected by ratelimit_fail local: no room for a new key in \
@@ -749,8 +754,9 @@ unsafe fn worker_processes() -> u64 {
 enum Failure {
     Redis(RedisError),
     Reply(ReplyError),
-    /// A limit, window or cost variable whose value is not a valid number: (what, zone, value).
-    BadValue(&'static str, String, String),
+    /// A limit, window or cost variable whose value is not a valid number: (what, zone index,
+    /// zone name, value).
+    BadValue(&'static str, usize, String, String),
     /// One of these keys holds data that is not ours.
     WrongType(String),
     /// The keys of these zones are in different Cluster slots.
@@ -774,7 +780,7 @@ impl core::fmt::Display for Failure {
                 "the keys of zones {zones} are in different redis cluster slots; give them a \
                  common hash tag"
             ),
-            Failure::BadValue(what, zone, value) => {
+            Failure::BadValue(what, _, zone, value) => {
                 write!(f, "invalid {what} \"{}\" for zone \"{zone}\"", value.escape_debug())
             }
         }
@@ -788,20 +794,10 @@ fn record(ctx: &mut Ctx, d: &Decision) {
     ctx.quota = Some((i, z.remaining, z.reset_ms));
 }
 
-/// Failure lines at most once a second per worker: a flood of requests during an outage must
-/// not become a flood of identical log lines.
-static mut FAILURE_LOG: ngx_msec_t = 0;
-static mut BAD_VALUE_LOG: ngx_msec_t = 0;
-static mut NO_ROOM_LOG: ngx_msec_t = 0;
-
-fn log_throttle(last: &mut ngx_msec_t) -> bool {
-    let now = unsafe { ngx_current_msec };
-    if *last != 0 && now.wrapping_sub(*last) < 1000 {
-        return false;
-    }
-    *last = now;
-    true
-}
+/// Failure lines at most once a second per worker (and per figure and zone for bad values).
+static mut FAILURE_LOG: LogThrottle<()> = LogThrottle::new();
+static mut BAD_VALUE_LOG: LogThrottle<(&'static str, usize)> = LogThrottle::new();
+static mut NO_ROOM_LOG: LogThrottle<()> = LogThrottle::new();
 
 /// Returns the decision to the phase engine, with its headers.
 unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {

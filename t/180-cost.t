@@ -166,6 +166,30 @@ qr/\[error\] .*ratelimit: invalid limit "abc" for zone "api", request passed by 
 
 
 
+=== TEST 6b: invalid-value lines are throttled per figure and zone, so one never hides another
+Issue 19: "invalid limit" and "invalid cost" shared one throttle, so the second kind, or the
+same kind in another zone, was not logged for a second; the same line again within the second
+still is not.
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api  key=$arg_k limit=$arg_limit window=10s;
+    ratelimit_zone pace key=$arg_k limit=$arg_limit window=10s;
+--- config
+    location /t { ratelimit api cost=$arg_cost; }
+    location /u { ratelimit pace; }
+--- request eval
+["GET /t?k=a&limit=abc&cost=1", "GET /t?k=a&limit=5&cost=x", "GET /u?k=a&limit=def",
+ "GET /t?k=a&limit=ghi&cost=1"]
+--- error_code eval
+[200, 200, 200, 200]
+--- rl_error_log eval
+[qr/ratelimit: invalid limit "abc" for zone "api"/, qr/ratelimit: invalid cost "x" for zone "api"/,
+ qr/ratelimit: invalid limit "def" for zone "pace"/]
+--- rl_no_error_log eval
+qr/invalid limit "ghi"/
+
+
+
 === TEST 7: a bad window or cost under fail closed: 503, never unlimited
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
