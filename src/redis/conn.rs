@@ -547,9 +547,19 @@ impl Conn {
             if ngx_exiting != 0 {
                 return Conn::close(this, RedisError::Closed, false);
             }
-            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too.
+            // `keepalive_timeout=0`, as nginx's: no keepalive, closed as soon as idle.
+            let keepalive = pool.conf().keepalive_timeout;
+            if keepalive == 0 {
+                return Conn::close(this, RedisError::Closed, false);
+            }
+            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too. The
+            // reply deadline still armed goes first: nginx keeps an armed timer within 300 ms
+            // of a new one, which made a short keepalive the reply deadline.
             (*c).set_idle(1);
-            ngx_add_timer(rev, pool.conf().keepalive_timeout);
+            if (*rev).timer_set() != 0 {
+                ngx_del_timer(rev);
+            }
+            ngx_add_timer(rev, keepalive);
         } else {
             conn.arm_reply_deadline();
             if !conn.queued.is_empty() {
