@@ -21,6 +21,7 @@ use crate::deny_cache::{Denial, DenyCache};
 use crate::headers::{self, Policy, Quota};
 use crate::key::{cluster_value, shorten, Key, Piece};
 use crate::local_limit::{LocalLimiter, LocalZone};
+use crate::log_throttle::LogThrottle;
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
@@ -51,6 +52,9 @@ pub struct Ctx {
     zones: Vec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
+    /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
+    /// wait admits it, so no header may suggest one.
+    beyond_capacity: bool,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -146,25 +150,13 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             (Ok(l), Ok(w), Ok(c)) => (l, zone.period.map_or(w, |p| p.length_ms(wall_ms())), c),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
-                fail(ctx, lcf, mcf, Failure::BadValue(what, zone.name.clone(), value));
+                let bad = Failure::BadValue(what, limit.zone, zone.name.clone(), value);
+                fail(ctx, lcf, mcf, bad);
                 // Not among the request's zones yet (`apply` counts those): the one that failed.
                 mcf.metrics.get().request(ctx.status, core::iter::once((limit.zone, 0)));
                 return apply(ctx, lcf, mcf);
             }
         };
-        let capacity = zone.algorithm.capacity(limit_n, zone.burst);
-        if cost > capacity {
-            let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
-            ngx_log_error!(
-                lcf.log_level(),
-                (*(*r).connection).log,
-                "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
-                 request {outcome}",
-                zone.name
-            );
-            ctx.status = Status::Rejected;
-            return apply(ctx, lcf, mcf);
-        }
         // SAFETY: the value lives in the request's pool, as the context that keeps the key does.
         let mut value = core::slice::from_raw_parts(value.data, value.len);
         if redis.cluster && !zone.exact_key {
@@ -181,6 +173,22 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             None => None,
         };
         ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member });
+        let capacity = zone.algorithm.capacity(limit_n, zone.burst);
+        if cost > capacity {
+            let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
+            ngx_log_error!(
+                lcf.log_level(),
+                (*(*r).connection).log,
+                "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
+                 request {outcome}",
+                zone.name
+            );
+            // A rejection by this zone, for the access log and the metrics, like any other.
+            ctx.status = Status::Rejected;
+            ctx.quota = Some((ctx.zones.len() - 1, 0, 0));
+            ctx.beyond_capacity = true;
+            return apply(ctx, lcf, mcf);
+        }
     }
     if ctx.zones.is_empty() {
         ctx.status = Status::Skipped;
@@ -376,6 +384,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         retries: Retries::default(),
         started: 0,
         zones: Vec::new(),
+        beyond_capacity: false,
         quota: None,
     }))?;
     // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
@@ -695,14 +704,17 @@ unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
             Status::FailedClosed
         }),
     };
-    // Bad variable values and a full local table have their own throttles: an outage must not
-    // hide them, nor they it.
-    let last = match failure {
-        Failure::BadValue(..) => ptr::addr_of_mut!(BAD_VALUE_LOG),
-        _ if no_room => ptr::addr_of_mut!(NO_ROOM_LOG),
-        _ => ptr::addr_of_mut!(FAILURE_LOG),
+    // Bad variable values (per figure and zone) and a full local table have their own
+    // throttles: an outage must not hide them, nor they it, nor one bad figure another.
+    let now = ngx_current_msec as u64;
+    let logged = match failure {
+        Failure::BadValue(what, zone, ..) => {
+            (*ptr::addr_of_mut!(BAD_VALUE_LOG)).allow((what, zone), now)
+        }
+        _ if no_room => (*ptr::addr_of_mut!(NO_ROOM_LOG)).allow((), now),
+        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow((), now),
     };
-    if log_throttle(&mut *last) {
+    if logged {
         let outcome = match ctx.status {
             _ if no_room => {
                 "rejected by ratelimit_fail local: no room for a new key in \
@@ -760,8 +772,9 @@ unsafe fn worker_processes() -> u64 {
 enum Failure {
     Redis(RedisError),
     Reply(ReplyError),
-    /// A limit, window or cost variable whose value is not a valid number: (what, zone, value).
-    BadValue(&'static str, String, String),
+    /// A limit, window or cost variable whose value is not a valid number: (what, zone index,
+    /// zone name, value).
+    BadValue(&'static str, usize, String, String),
     /// One of these keys holds data that is not ours.
     WrongType(String),
     /// The keys of these zones are in different Cluster slots.
@@ -785,7 +798,7 @@ impl core::fmt::Display for Failure {
                 "the keys of zones {zones} are in different redis cluster slots; give them a \
                  common hash tag"
             ),
-            Failure::BadValue(what, zone, value) => {
+            Failure::BadValue(what, _, zone, value) => {
                 write!(f, "invalid {what} \"{}\" for zone \"{zone}\"", value.escape_debug())
             }
         }
@@ -799,26 +812,17 @@ fn record(ctx: &mut Ctx, d: &Decision) {
     ctx.quota = Some((i, z.remaining, z.reset_ms));
 }
 
-/// Failure lines at most once a second per worker: a flood of requests during an outage must
-/// not become a flood of identical log lines.
-static mut FAILURE_LOG: ngx_msec_t = 0;
-static mut BAD_VALUE_LOG: ngx_msec_t = 0;
-static mut NO_ROOM_LOG: ngx_msec_t = 0;
-
-fn log_throttle(last: &mut ngx_msec_t) -> bool {
-    let now = unsafe { ngx_current_msec };
-    if *last != 0 && now.wrapping_sub(*last) < 1000 {
-        return false;
-    }
-    *last = now;
-    true
-}
+/// Failure lines at most once a second per worker (and per figure and zone for bad values).
+static mut FAILURE_LOG: LogThrottle<()> = LogThrottle::new();
+static mut BAD_VALUE_LOG: LogThrottle<(&'static str, usize)> = LogThrottle::new();
+static mut NO_ROOM_LOG: LogThrottle<()> = LogThrottle::new();
 
 /// Returns the decision to the phase engine, with its headers.
 unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     ctx.applied = true;
     let r = ctx.r;
-    let decided_by_redis = ctx.status == Status::Rejected;
+    // A cost beyond the zone's capacity was logged as such already.
+    let decided_by_redis = ctx.status == Status::Rejected && !ctx.beyond_capacity;
     if lcf.dry_run() && matches!(ctx.status, Status::Rejected | Status::RejectedLocal) {
         ctx.status = Status::RejectedDryRun;
     }
@@ -826,7 +830,8 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     let rejected =
         matches!(ctx.status, Status::Rejected | Status::RejectedCached | Status::RejectedLocal);
     // A dry run must not change what clients see: headers only when configured explicitly.
-    let headers = lcf.headers.is_some() || !lcf.dry_run();
+    // A cost beyond capacity gets none: no wait admits it, and no figure would say so.
+    let headers = (lcf.headers.is_some() || !lcf.dry_run()) && !ctx.beyond_capacity;
     if let Some((i, remaining, reset_ms)) = ctx.quota {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();

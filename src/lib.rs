@@ -8,6 +8,7 @@ mod deny_cache;
 pub mod headers;
 pub mod key;
 mod local_limit;
+mod log_throttle;
 pub mod metrics;
 pub mod params;
 pub mod quota;

@@ -104,6 +104,7 @@ impl LocalLimiter {
                     *c = Counter { window: idx, window_ms: z.window_ms, cur: cur + z.cost, prev };
                 }
                 v.remaining -= z.cost;
+                v.reset_ms = self.next_unit_ms(z, i, v.remaining, now_ms);
             }
         }
         Some(Decision { allowed, zones: verdicts })
@@ -121,6 +122,16 @@ impl LocalLimiter {
         self.last_sweep_ms = Some(now_ms);
         self.counters.retain(|_, c| c.live(now_ms));
         self.counters.len() + new <= self.capacity
+    }
+
+    /// An admission's reset, as Redis' verdicts give it: when the zone admits one more unit
+    /// than `remaining` (0 when nothing is in use). A `Remaining: 0` with `Reset: 0` would
+    /// contradict the `Retry-After` of the rejection that follows.
+    fn next_unit_ms(&self, z: &LocalZone<'_>, id: &Id, remaining: u64, now_ms: u64) -> u64 {
+        if remaining >= z.limit {
+            return 0;
+        }
+        self.check(&LocalZone { cost: remaining + 1, ..*z }, id, now_ms).reset_ms
     }
 
     fn check(&self, z: &LocalZone<'_>, id: &Id, now_ms: u64) -> ZoneVerdict {
@@ -166,14 +177,17 @@ mod tests {
     fn admits_the_share_then_rejects_until_it_frees() {
         let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
         let z = [zone(b"a", 3)];
-        for left in [2, 1, 0] {
+        // Each admission's reset: when one more unit than its remaining frees. 3 - left in
+        // window 0; in window 1 they weigh (3 - left) * (1000 - e) / 1000 <= 2 - left once
+        // e >= 334 (left 0), 500 (left 1), 1000 (left 2: the next window's end).
+        for (left, reset_ms) in [(2, 900 + 1000), (1, 900 + 500), (0, 900 + 334)] {
             let d = l.d(&z, 100);
             assert!(d.allowed);
-            assert_eq!(d.zones, vec![ZoneVerdict { ok: true, remaining: left, reset_ms: 0 }]);
+            assert_eq!(d.zones, vec![ZoneVerdict { ok: true, remaining: left, reset_ms }]);
         }
         let v = l.d(&z, 200).zones[0];
         assert!(!v.ok);
-        // 3 in window 0; in window 1 they weigh 3 * (1000 - e) / 1000 <= 2 once e >= 334.
+        // The rejection agrees with the last admission's reset, 100 ms later.
         assert_eq!(v.reset_ms, 800 + 334);
         assert!(!l.d(&z, 1333).zones[0].ok);
         assert!(l.d(&z, 1334).zones[0].ok);
@@ -202,7 +216,12 @@ mod tests {
         // Two windows later nothing counts any more.
         assert_eq!(l.d(&z, 2500).zones[0].remaining, 1);
         let read = [LocalZone { cost: 0, ..zone(b"a", 5) }];
-        assert_eq!(l.d(&read, 2500).zones[0], ZoneVerdict { ok: true, remaining: 1, reset_ms: 0 });
+        let fresh = ZoneVerdict { ok: true, remaining: 5, reset_ms: 0 };
+        assert_eq!(l.d(&read, 4500).zones[0], fresh, "nothing in use: reset 0");
+        assert_eq!(l.d(&z, 4500).zones[0].remaining, 1);
+        let v = l.d(&read, 4500).zones[0];
+        // 4 in window 4: 2 more fit once 4 * (1000 - e) / 1000 <= 3, at e = 250 of window 5.
+        assert_eq!(v, ZoneVerdict { ok: true, remaining: 1, reset_ms: 500 + 250 });
     }
 
     #[test]

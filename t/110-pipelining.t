@@ -103,4 +103,23 @@ is(rl(http_get('/t?k=k')), 'PASSED', 'the next decision reconnects');
 ok(stop_nginx(), 'nginx quits gracefully');
 check_no_alerts(error_log_text(), 'keepalive_timeout');
 
+# Issue 19: a keepalive shorter than 300 ms was the reply deadline (nginx keeps an armed timer
+# within 300 ms of a new one), so 0 and 1ms kept the connection between decisions 100 ms apart.
+# 0 is nginx's "no keepalive": closed as soon as idle.
+for my $case (['0', 5], ['1ms', 5], ['50ms', 5], ['10s', 1]) {
+    my ($timeout, $want) = @$case;
+    start_nginx(workers => 1, conf("keepalive_timeout=$timeout"));
+    my $before = connections_received();
+    my @st;
+    for (1 .. 5) {
+        push @st, rl(http_get("/t?k=ka$timeout"));
+        sleep 0.1;
+    }
+    is("@st", join(' ', ('PASSED') x 5), "keepalive_timeout=$timeout: five decisions");
+    is(connections_received() - $before, $want,
+        "keepalive_timeout=$timeout: $want connection(s) for five decisions 100 ms apart");
+    ok(stop_nginx(), "keepalive_timeout=$timeout: nginx quits gracefully");
+    check_no_alerts(error_log_text(), "keepalive_timeout=$timeout");
+}
+
 done_testing();

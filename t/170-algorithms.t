@@ -90,6 +90,21 @@ PTTL rl:api:a =~ ^(1079\d{4}|10800000)$
 
 
 
+=== TEST 4b: gcra's RateLimit-Limit is the rate, its Remaining what may come at once (docs/algorithms.md)
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api key=$arg_k limit=100 window=1m algorithm=gcra burst=10;
+--- config
+    location /t { ratelimit api; }
+    location /u { ratelimit api; ratelimit_headers draft; }
+--- request eval
+["GET /t?k=a", "GET /u?k=b"]
+--- response_headers eval
+["RateLimit-Limit: 100\nRateLimit-Remaining: 9\nRateLimit-Reset: 1",
+ "RateLimit-Policy: \"api\";q=100;w=60\nRateLimit: \"api\";r=9;t=1"]
+
+
+
 === TEST 5: gcra with a spacing that is no whole number of ms (1000/7)
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;

@@ -90,34 +90,40 @@ INCRBY rl:credits:a 7 => 7
 
 
 
-=== TEST 5: the recipe: a rate, a monthly quota and a balance on one location, JSON on 402
+=== TEST 5: the recipe of docs/quotas-and-credits.md: a rate, a monthly quota and a balance on one location, JSON and X-Credits-Remaining on 402
+Issue 19: the recipe promised X-Credits-Remaining on the 402, but add_header is the final
+location's, and error_page 402 = @no_credits ends in @no_credits: it must add it there too.
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
-    ratelimit_zone per_second key=$arg_k limit=10  window=1s algorithm=gcra burst=10;
-    ratelimit_zone monthly    key=$arg_k limit=100 period=month;
-    ratelimit_zone credits    key=$arg_k limit=500 algorithm=balance status=402;
+    map $uri $request_cost { /t 1; default 1; }
+    ratelimit_zone per_second key=$http_x_api_key limit=10     window=1s algorithm=gcra burst=10;
+    ratelimit_zone monthly    key=$http_x_api_key limit=100000 period=month;
+    ratelimit_zone credits    key=$http_x_api_key limit=50000  algorithm=balance status=402;
 --- config
     location /t {
         ratelimit per_second;
         ratelimit monthly;
-        ratelimit credits;
-        add_header X-Credits "$ratelimit_zone $ratelimit_remaining/$ratelimit_limit" always;
+        ratelimit credits cost=$request_cost;
+        add_header X-Credits-Remaining $ratelimit_remaining always;
         error_page 402 = @no_credits;
     }
     location @no_credits {
+        add_header X-Credits-Remaining $ratelimit_remaining always;
         default_type application/json;
         return 402 '{"creditsRemaining":$ratelimit_remaining,"creditsLimit":$ratelimit_limit}\n';
     }
+--- more_headers
+X-Api-Key: a
 --- rl_redis_setup
 SET rl:credits:a 2
 --- request eval
-["GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
+["GET /t", "GET /t", "GET /t"]
 --- error_code eval
 [200, 200, 402]
 --- response_headers eval
-["X-Credits: credits 1/500", "X-Credits: credits 0/500", undef]
+["X-Credits-Remaining: 1", "X-Credits-Remaining: 0", "X-Credits-Remaining: 0\nContent-Type: application/json\nRateLimit-Remaining: 0\nRateLimit-Limit: 50000"]
 --- response_body eval
-["ok\n", "ok\n", "{\"creditsRemaining\":0,\"creditsLimit\":500}\n"]
+["ok\n", "ok\n", "{\"creditsRemaining\":0,\"creditsLimit\":50000}\n"]
 --- rl_redis_check
 GET rl:credits:a => 0
 STRLEN rl:monthly:a => 10

@@ -93,6 +93,37 @@ DBSIZE => 0
 
 
 
+=== TEST 4b: a cost above the zone's capacity names its zone in the access log and is counted as a rejection
+Issue 19: it logged zone=- limit=- and was missing from ratelimit_decisions_total. A second zone
+before it is counted as rejected with it, as in any rejection of several zones; the zone's own
+status= answers, and no RateLimit header suggests a wait.
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_metrics_zone 64k;
+    ratelimit_zone wide key=$arg_k limit=100 window=10s;
+    ratelimit_zone api  key=$arg_k limit=5 window=10s status=403;
+    log_format rl '$arg_k $status rl=[$ratelimit_status] zone=[$ratelimit_zone] limit=[$ratelimit_limit] rem=[$ratelimit_remaining]';
+--- config
+    access_log logs/access.log rl;
+    location /t { ratelimit wide; ratelimit api cost=6; }
+    location /u { ratelimit api cost=6; ratelimit_dry_run on; }
+    location = /metrics { ratelimit_metrics; }
+--- request eval
+["GET /t?k=a", "GET /u?k=d", "GET /metrics"]
+--- error_code eval
+[403, 200, 200]
+--- response_headers eval
+["!RateLimit-Limit\n!RateLimit-Remaining\n!Retry-After", "!RateLimit-Limit", ""]
+--- response_body_like eval
+[qr/./, qr/./, qr/\A(?=.*^ratelimit_decisions_total\{zone="api",status="REJECTED"\} 1$)(?=.*^ratelimit_decisions_total\{zone="api",status="REJECTED_DRY_RUN"\} 1$)(?=.*^ratelimit_decisions_total\{zone="wide",status="REJECTED"\} 1$)/ms]
+--- rl_access_log eval
+[qr/^a 403 rl=\[REJECTED\] zone=\[api\] limit=\[5\] rem=\[0\]$/m,
+ qr/^d 200 rl=\[REJECTED_DRY_RUN\] zone=\[api\] limit=\[5\] rem=\[0\]$/m]
+--- rl_redis_check
+DBSIZE => 0
+
+
+
 === TEST 5: limit and window per consumer plan
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
@@ -132,6 +163,30 @@ PTTL rl:api:g =~ ^(59\d{3}|60000)$
 ZCARD rl:api:a => 1
 --- rl_error_log eval
 qr/\[error\] .*ratelimit: invalid limit "abc" for zone "api", request passed by ratelimit_fail/
+
+
+
+=== TEST 6b: invalid-value lines are throttled per figure and zone, so one never hides another
+Issue 19: "invalid limit" and "invalid cost" shared one throttle, so the second kind, or the
+same kind in another zone, was not logged for a second; the same line again within the second
+still is not.
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone api  key=$arg_k limit=$arg_limit window=10s;
+    ratelimit_zone pace key=$arg_k limit=$arg_limit window=10s;
+--- config
+    location /t { ratelimit api cost=$arg_cost; }
+    location /u { ratelimit pace; }
+--- request eval
+["GET /t?k=a&limit=abc&cost=1", "GET /t?k=a&limit=5&cost=x", "GET /u?k=a&limit=def",
+ "GET /t?k=a&limit=ghi&cost=1"]
+--- error_code eval
+[200, 200, 200, 200]
+--- rl_error_log eval
+[qr/ratelimit: invalid limit "abc" for zone "api"/, qr/ratelimit: invalid cost "x" for zone "api"/,
+ qr/ratelimit: invalid limit "def" for zone "pace"/]
+--- rl_no_error_log eval
+qr/invalid limit "ghi"/
 
 
 

@@ -27,11 +27,16 @@ EOF
 is(rl(http_get('/t?k=a')), 'PASSED 6 5', 'Redis up: decided by Redis');
 stop_redis();
 
-my @st = map { my $r = http_get('/t?k=b'); [$r->{status}, rl($r), header($r, 'Retry-After')] } 1 .. 5;
+my @st = map { my $r = http_get('/t?k=b');
+    [$r->{status}, rl($r), header($r, 'Retry-After'), header($r, 'RateLimit-Reset')] } 1 .. 5;
 is(join(',', map { $_->[0] } @st), '200,200,200,429,429', 'Redis down: the worker admits its share, 6 / 2');
 is($st[0][1], 'PASSED_LOCAL 3 2', 'PASSED_LOCAL, with the share as the limit');
 is($st[3][1], 'REJECTED_LOCAL 3 0', 'then REJECTED_LOCAL');
 like($st[3][2] // '', qr/^\d+$/, 'with a Retry-After');
+# Issue 19: the last admission said Remaining 0 with Reset 0, then the 429 said Retry-After 9.
+cmp_ok($st[2][3] // 0, '>=', 1, 'the admission that leaves 0 has a Reset: when a unit frees');
+cmp_ok(abs(($st[2][3] // 0) - ($st[3][2] // 0)), '<=', 1, 'and it agrees with the Retry-After that follows')
+    or diag("Reset $st[2][3], then Retry-After $st[3][2]");
 is(rl(http_get('/t?k=c')), 'PASSED_LOCAL 3 2', 'another key has its own share');
 
 # Default share: worker_processes (1 here), and zones stay all or nothing.

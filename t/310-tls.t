@@ -270,5 +270,31 @@ my ($rc, $out) = nginx_t(http_config => http_conf("127.0.0.1:6380 ssl=on ssl_ver
     config => $config);
 is($rc, 0, 'ssl_verify=off, written out, is accepted') or diag($out);
 
+# --- relative paths: the configuration directory (nginx's conf prefix), as for
+# proxy_ssl_trusted_certificate and proxy_ssl_certificate; not the prefix (-p).
+{
+    use File::Copy qw(copy);
+    use File::Path qw(make_path);
+    my $conf_dir = servroot() . '/conf';
+    make_path("$conf_dir/rel", servroot() . '/conftest/conf/rel', servroot() . '/conftest/prefix-only');
+    copy("$dir/ca.crt", "$conf_dir/rel/ca.crt") or die;
+    for my $f (qw(client.crt client.key)) {
+        copy("$dir/$f", servroot() . "/conftest/conf/rel/$f") or die;
+        copy("$dir/$f", servroot() . "/conftest/prefix-only/$f") or die;
+    }
+    ($st, $log) = case('relative CA', "127.0.0.1:\$TEST_NGINX_TLS_PORT ssl=on"
+        . " ssl_trusted_certificate=rel/ca.crt" . ($vg ? ' timeout=5s' : ''), 'rel', 6);
+    is($st, 'PASSED PASSED PASSED PASSED PASSED REJECTED',
+        'ssl_trusted_certificate=rel/ca.crt is read from the configuration directory');
+    my ($rc, $out) = nginx_t(http_config => http_conf("127.0.0.1:6380 ssl=on ssl_verify=off"
+        . " ssl_certificate=rel/client.crt ssl_certificate_key=rel/client.key"), config => $config);
+    is($rc, 0, 'ssl_certificate= and its key relative to the configuration directory') or diag($out);
+    ($rc, $out) = nginx_t(http_config => http_conf("127.0.0.1:6380 ssl=on ssl_verify=off"
+        . " ssl_certificate=prefix-only/client.crt ssl_certificate_key=prefix-only/client.key"),
+        config => $config);
+    isnt($rc, 0, 'not relative to the prefix');
+    like($out, qr/cannot load "ssl_certificate=prefix-only\/client\.crt"/, 'nginx -t says which file');
+}
+
 $tls->stop;
 done_testing();

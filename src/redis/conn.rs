@@ -594,14 +594,21 @@ impl Conn {
             if ngx_exiting != 0 {
                 return Conn::close(this, RedisError::Closed, false);
             }
-            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too, unless
-            // it is a tracker's, which must stay to hear of changes.
+            // A tracker's connection stays, to hear of changes; `keepalive_timeout=0`, as
+            // nginx's: no keepalive, a decision connection is closed as soon as idle.
+            let keepalive = pool.conf().keepalive_timeout;
+            if keepalive == 0 && conn.dedicated.is_none() {
+                return Conn::close(this, RedisError::Closed, false);
+            }
+            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too. The
+            // reply deadline still armed goes first: nginx keeps an armed timer within 300 ms
+            // of a new one, which made a short keepalive the reply deadline.
             (*c).set_idle(1);
-            if conn.dedicated.is_none() {
-                ngx_add_timer(rev, pool.conf().keepalive_timeout);
-            } else if (*rev).timer_set() != 0 {
-                // The last reply's deadline, met.
+            if (*rev).timer_set() != 0 {
                 ngx_del_timer(rev);
+            }
+            if conn.dedicated.is_none() {
+                ngx_add_timer(rev, keepalive);
             }
         } else {
             conn.arm_reply_deadline();
