@@ -19,6 +19,9 @@ pub struct Denial {
     /// the request was sent to Redis, not to the time the reply arrived, so that the local rejection
     /// never outlasts the one Redis computed.
     pub until_ms: u64,
+    /// Monotonic time until which it may be answered from memory: `until_ms`, or sooner when
+    /// Redis does not tell this worker of changes to the key.
+    pub kept_until_ms: u64,
     /// Units the rejected request asked for: a cheaper request may still fit.
     pub cost: u64,
     pub limit: u64,
@@ -118,7 +121,7 @@ impl DenyCache {
     ) -> Option<u64> {
         let i = self.find(zone, key)?;
         let d = self.slots[i].denial;
-        if d.until_ms <= now_ms {
+        if d.kept_until_ms.min(d.until_ms) <= now_ms {
             self.remove(i);
             return None;
         }
@@ -220,7 +223,7 @@ mod tests {
     use super::*;
 
     fn denial(until_ms: u64, cost: u64) -> Denial {
-        Denial { until_ms, cost, limit: 10, window_ms: 1000 }
+        Denial { until_ms, kept_until_ms: until_ms, cost, limit: 10, window_ms: 1000 }
     }
 
     /// Whether `key` in `zone` hits with the defaults of `denial` at time 0.
@@ -302,7 +305,11 @@ mod tests {
     fn insert_replaces() {
         let mut c = DenyCache::new(4);
         c.insert(0, &[b"a"], denial(500, 5));
-        c.insert(0, &[b"a"], Denial { until_ms: 300, cost: 1, limit: 20, window_ms: 60 });
+        c.insert(
+            0,
+            &[b"a"],
+            Denial { until_ms: 300, kept_until_ms: 300, cost: 1, limit: 20, window_ms: 60 },
+        );
         assert_eq!(c.len(), 1);
         assert_eq!(c.check(0, &[b"a"], 5, 10, 1000, 0), None);
         assert_eq!(c.check(0, &[b"a"], 1, 20, 60, 100), Some(200));
@@ -433,7 +440,8 @@ mod tests {
                 let key = keys[rng(keys.len() as u64) as usize];
                 let (cost, limit, window_ms) = (1 + rng(3), 10 + rng(2), 1000 + rng(2));
                 if rng(3) == 0 {
-                    let d = Denial { until_ms: now + rng(300), cost, limit, window_ms };
+                    let until_ms = now + rng(300);
+                    let d = Denial { until_ms, kept_until_ms: until_ms, cost, limit, window_ms };
                     c.insert(zone, &[key], d);
                     m.insert(zone, key, d);
                 } else {
@@ -455,7 +463,7 @@ mod forgetting {
 
     #[test]
     fn keys_are_their_parts_and_can_be_forgotten() {
-        let d = Denial { until_ms: 500, cost: 1, limit: 10, window_ms: 1000 };
+        let d = Denial { until_ms: 500, kept_until_ms: 500, cost: 1, limit: 10, window_ms: 1000 };
         let mut c = DenyCache::new(4);
         c.insert(0, &[b"rl:", b"api", b":", b"bob"], d);
         c.insert(1, &[b"rl:api:bob"], d);
@@ -470,5 +478,9 @@ mod forgetting {
         assert_eq!(c.check(0, &[b"rl:api:eve"], 1, 10, 1000, 0), None);
         c.insert(0, &[b"x"], d);
         assert_eq!(c.len(), 1);
+        // Kept briefly, it still reports the whole wait.
+        c.insert(0, &[b"y"], Denial { kept_until_ms: 100, ..d });
+        assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 50), Some(450));
+        assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 100), None);
     }
 }

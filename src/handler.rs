@@ -359,13 +359,15 @@ fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
     let entries = cache.len();
     for (z, v) in ctx.zones.iter().zip(&d.zones) {
         if let Some(key) = z.cached_key().filter(|_| !v.ok) {
-            let mut until_ms = ctx.started as u64 + v.reset_ms;
-            if !pool.track(&key) {
-                // Not tracked yet (the tracker is connecting) or not at all (refused): a change
-                // would go unheard, so it is remembered briefly only.
-                until_ms = until_ms.min(ctx.started as u64 + UNTRACKED_DENIAL_MS);
-            }
-            let denial = Denial { until_ms, cost: z.cost, limit: z.limit, window_ms: z.window_ms };
+            let until_ms = ctx.started as u64 + v.reset_ms;
+            // Not tracked yet (the tracker is connecting) or not at all (refused): a change
+            // would go unheard, so it is answered from memory briefly only.
+            let kept_until_ms = match pool.track(&key) {
+                true => until_ms,
+                false => ctx.started as u64 + UNTRACKED_DENIAL_MS,
+            };
+            let (cost, limit, window_ms) = (z.cost, z.limit, z.window_ms);
+            let denial = Denial { until_ms, kept_until_ms, cost, limit, window_ms };
             cache.insert(z.zone, &key, denial);
         }
     }

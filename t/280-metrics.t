@@ -174,8 +174,8 @@ my $conf_of = sub {
     ("$zones    ratelimit_metrics_zone 32k;\n" . $zone_lines->(@_),
      $config . "    location /z { ratelimit $_[-1]; }\n");
 };
-my ($h, $c) = $conf_of->(map { "z$_" } 1 .. 30);
-start_nginx(workers => 2, http_config => $h, config => $c);
+my ($http0, $config0) = $conf_of->(map { "z$_" } 1 .. 30);
+start_nginx(workers => 2, http_config => $http0, config => $config0);
 my @configs = ((map { my $n = $_; [map { "z$_" } 1 .. $n] } 31 .. 45),
                (map { my $g = $_; [map { "g${g}_$_" } 1 .. 30] } 1 .. 15));
 for my $i (0 .. $#configs) {
