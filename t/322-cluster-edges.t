@@ -9,6 +9,7 @@ use lib 't/lib';
 use RLTest;
 use RLTest::Cluster;
 use IO::Socket::INET;
+use Time::HiRes ();
 
 sub rl { header($_[0], 'X-RL') // '(none)' }
 
@@ -48,6 +49,26 @@ sub exact_on_every_primary {
         is("@st", 'PASSED PASSED PASSED REJECTED', "$what: key $k decided exactly");
     }
 }
+
+# The deny cache hears of a reset on the key's own node.
+{
+    start_nginx(http_config => "    ratelimit_redis 127.0.0.1:$p[0] cluster=on timeout=${timeout}s;\n$http",
+        config => $config);
+    my $k = 'tracked';
+    my @st = map { rl(http_get("/t?k=$k")) } 1 .. 5;
+    like("@st", qr/^PASSED PASSED PASSED REJECTED REJECTED(_CACHED)?$/, 'a consumer rejected');
+    ok(wait_until(5, sub { rl(http_get("/t?k=$k")) eq 'REJECTED_CACHED' }, 0.05), 'and remembered');
+    # The first rejections came while the node's tracker was connecting: remembered 100 ms
+    # only. The next one is tracked, and remembered longer than that.
+    Time::HiRes::sleep(0.3);
+    http_get("/t?k=$k");
+    Time::HiRes::sleep(0.3);
+    is(rl(http_get("/t?k=$k")), 'REJECTED_CACHED', 'still remembered: its node tracks it');
+    $c->cmd(owner($c->keyslot("rl:api:$k")), 'DEL', "rl:api:$k");
+    ok(wait_until(0.5 * $timeout, sub { rl(http_get("/t?k=$k")) eq 'PASSED' }, 0.01),
+        'a DEL on its node lets it in again at once');
+}
+ok(stop_nginx(), 'nginx quits gracefully');
 
 # MOVED :port (no host) means the answering node's host: the slot is patched and followed.
 $c->cmd($_, 'CONFIG', 'SET', 'cluster-preferred-endpoint-type', 'unknown-endpoint') for $c->ports;
@@ -105,7 +126,6 @@ sub cluster_slots_bytes {
 my $size = 0;
 wait_until(30, sub { ($size = cluster_slots_bytes($p[0])) > 2 << 20 }, 0.5);
 cmp_ok($size, '>', 2 << 20, "CLUSTER SLOTS answers $size bytes, over the 2 MiB of a decision's reply");
-sub owner { $p[$_[0] % 3] }
 
 # Known without asking from now on: CLUSTER SLOTS is slow to read.
 $fragmented = 1;
