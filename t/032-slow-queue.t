@@ -116,7 +116,11 @@ ok(stop_nginx(), 'nginx quits gracefully');
 my $log = error_log_text();
 like($log, qr/ratelimit: redis "127\.0\.0\.1:\d+" (timed out|does not keep up)/,
     'the slow Redis is reported as a failure');
-like($log, qr/failed \d+ times in a row, not asked until it answers a probe \(every 2000ms at most\)/, 'and the breaker opened');
+SKIP: {
+    # The worker under valgrind is slower than the fake Redis: the queue never grows.
+    skip 'under valgrind the worker cannot outrun the slow Redis', 1 if $ENV{TEST_NGINX_VALGRIND};
+    like($log, qr/failed \d+ times in a row, not asked until it answers a probe \(every 2000ms at most\)/, 'and the breaker opened');
+}
 my $eofs = grep { /^eof / } $fake->events;
 cmp_ok($eofs, '>', 0, 'a connection that could not keep up was closed');
 check_no_alerts($log, 'slow redis');

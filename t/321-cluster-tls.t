@@ -46,11 +46,15 @@ for my $case (['ip', ''], ['name', 'ssl_name=redis.test']) {
     for my $i (0 .. $#$res) {
         $ok{ $keys[int($i / $N)] }{ ($res->[$i]{status} // 'error') . ' ' . (header($res->[$i], 'X-RL') // '-') }++;
     }
-    for my $k (@keys) {
-        is($ok{$k}{'200 PASSED'} // 0, $LIMIT, "$name: key $k exactly $LIMIT of $N over TLS")
-            or diag(explain $ok{$k});
+    SKIP: {
+        # 1,800 decisions at once over TLS take valgrind longer than their 2 s.
+        skip 'under valgrind the decisions time out', @keys + 1 if $ENV{TEST_NGINX_VALGRIND};
+        for my $k (@keys) {
+            is($ok{$k}{'200 PASSED'} // 0, $LIMIT, "$name: key $k exactly $LIMIT of $N over TLS")
+                or diag(explain $ok{$k});
+        }
+        unlike($gw->error_log_text, qr/ratelimit: redis "|\[(crit|alert|emerg)\]/, "$name: no Redis failure logged");
     }
-    unlike($gw->error_log_text, qr/ratelimit: redis "|\[(crit|alert|emerg)\]/, "$name: no Redis failure logged");
     ok($gw->stop, "$name: gateway quits gracefully");
 }
 

@@ -38,9 +38,13 @@ sub burst {
 
 for my $round (1 .. 2) {
     my $by = burst("all$round", 1, 2, 3);
-    is($by->{'200 PASSED'} // 0, $LIMIT, "round $round, three hosts: exactly $LIMIT of $N admitted")
-        or diag(explain $by);
-    is($by->{'429 REJECTED'} // 0, $N - $LIMIT, '... the rest rejected by Redis');
+    SKIP: {
+        # Three gateways' bursts at once take valgrind longer than the decisions' timeout.
+        skip 'under valgrind the decisions time out', 2 if $ENV{TEST_NGINX_VALGRIND};
+        is($by->{'200 PASSED'} // 0, $LIMIT, "round $round, three hosts: exactly $LIMIT of $N admitted")
+            or diag(explain $by);
+        is($by->{'429 REJECTED'} // 0, $N - $LIMIT, '... the rest rejected by Redis');
+    }
 }
 
 # Gateway 1 loses Redis (packets dropped: connects hang, replies never come).
