@@ -9,6 +9,7 @@ use lib 't/lib';
 use RLTest;
 use RLTest::Sentinel;
 use RLTest::Cluster;
+use Time::HiRes ();
 
 sub rl { header($_[0], 'X-RL') // '(none)' }
 
@@ -106,6 +107,24 @@ like($log, qr/ratelimit: redis replied "NOPERM/, 'the refusal is logged');
 unlike($log, qr/failed \d+ times in a row/, 'and never opened the breaker');
 check_no_alerts($log, 'exact keys');
 redis_cmd('ACL', 'DELUSER', 'lim');
+
+# Without what client tracking needs, the deny cache remembers a rejection 100 ms at most, and
+# says so once.
+{
+    my @base = grep { !/^(\+client\|id|\+client\|tracking|\+subscribe|\+exists|&__redis__:invalidate)$/ } acl();
+    redis_cmd(@base);
+    start_nginx(http_config => "    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT user=limiter "
+        . "password=acl-pw;\n$algos", config => $config);
+    my @st = map { rl(http_get('/log?k=untracked')) =~ s/_CACHED$//r } 1 .. 3;
+    is("@st", 'PASSED PASSED REJECTED', 'no tracking: still exact');
+    Time::HiRes::sleep(0.3);
+    is(rl(http_get('/log?k=untracked')), 'REJECTED', 'no tracking: after 300 ms Redis is asked again');
+    ok(stop_nginx(), 'no tracking: nginx quits gracefully');
+    my $log = error_log_text();
+    my @lines = $log =~ /(ratelimit: redis "[^"]+" refused client tracking \(NOPERM[^\n]*)/g;
+    is(scalar @lines, 1, 'the refusal is logged once') or diag(join "\n", @lines);
+    redis_cmd('ACL', 'DELUSER', 'limiter');
+}
 
 # A Sentinel group: the user on the primary and the replica.
 {

@@ -24,9 +24,11 @@ use super::node::NodePool;
 use super::pool::log;
 use super::resp::{self, Reply};
 
-/// A tracker that failed or lost a connection starts again at most this often.
+/// A tracker that lost a connection starts again at most this often.
 const RESTART_EVERY: u64 = 1000;
-/// `EXISTS` awaiting their reply, at most: past this, rejections are not remembered.
+/// A tracker that Redis refused (an ACL, a managed service) asks again at most this often.
+const RETRY_REFUSED: u64 = 30_000;
+/// `EXISTS` awaiting their reply, at most: past this, rejections are remembered briefly only.
 const MAX_PENDING: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,8 @@ pub struct Tracker {
     lost: bool,
     ev: ngx_event_t,
     started: Option<u64>,
+    /// How long after `started` it may start again.
+    restart_after: u64,
     /// The subscriber's `CLIENT ID`.
     id: i64,
     /// Redis refused tracking (an ACL, a managed service): said once.
@@ -75,6 +79,7 @@ impl Tracker {
             lost: false,
             ev: core::mem::zeroed(),
             started: None,
+            restart_after: RESTART_EVERY,
             id: 0,
             refused_logged: false,
         });
@@ -85,8 +90,8 @@ impl Tracker {
         t
     }
 
-    /// Asks Redis to tell this worker when `key` changes. False while that cannot be had yet
-    /// (connecting, refused, too much pending): then the rejection must not be remembered.
+    /// Asks Redis to tell this worker when `key` changes. False while that cannot be had (the
+    /// tracker connecting, refused, too much pending): then a change could go unheard.
     pub fn track(&mut self, key: &[u8]) -> bool {
         match self.state {
             State::Ready if self.pending.len() < MAX_PENDING => {
@@ -107,10 +112,11 @@ impl Tracker {
     fn start(&mut self) {
         // SAFETY: the worker's clock.
         let now = unsafe { ngx_current_msec } as u64;
-        if self.started.is_some_and(|t| now.wrapping_sub(t) < RESTART_EVERY) {
+        if self.started.is_some_and(|t| now.wrapping_sub(t) < self.restart_after) {
             return;
         }
         self.started = Some(now);
+        self.restart_after = RESTART_EVERY;
         let me = NonNull::from(&mut *self);
         match Conn::dedicated(self.node.as_ptr(), me, true) {
             Ok(sub) => {
@@ -218,10 +224,11 @@ impl Tracker {
                 NGX_LOG_ERR,
                 log(),
                 "ratelimit: redis \"{name}\" refused client tracking ({why}): rejections are \
-                 not remembered by the deny cache (see docs/redis-acl.md)"
+                 remembered by the deny cache for 100ms at most (see docs/redis-acl.md)"
             );
         }
         self.stop();
+        self.restart_after = RETRY_REFUSED;
     }
 
     /// Both connections go, and with them what they tracked.
