@@ -66,7 +66,7 @@ for ((k = 0; k < ${#pairs[@]}; k += 2)); do
     bin=${pairs[$((k + 1))]}
     ver=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' "$src/src/core/nginx.h")
     echo "==> make build-for NGINX_SRC=$src NGINX_BIN=$bin"
-    mod=$("$root/packaging/build-for.sh" "$src" "$bin" | tee /dev/stderr | tail -n1)
+    mod=$("$root/packaging/build-for.sh" "$src" "$bin" | tee -a /dev/stderr | tail -n1)
     echo "==> t/010-basic.t against nginx $ver + $mod"
     TEST_NGINX_BINARY=$bin TEST_NGINX_MODULE=$mod \
         TEST_NGINX_SERVROOT_BASE=$work/servroot-$ver prove "$root/t/010-basic.t"
