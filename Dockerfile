@@ -63,10 +63,12 @@ RUN --mount=type=secret,id=ca_bundle with-ca make build
 # bridge).
 FROM build AS test
 ARG TEST_HARNESS=rltest
+# CI's `make test` on the host runs the valgrind pass; `--build-arg TEST_VALGRIND=1` runs it here too.
+ARG TEST_VALGRIND=0
 RUN --mount=type=secret,id=ca_bundle \
     with-ca make build-system \
  && if [ "$TEST_HARNESS" = test-nginx ]; then with-ca make deps-test-nginx; fi \
- && with-ca make test TEST_HARNESS="$TEST_HARNESS"
+ && with-ca make test TEST_HARNESS="$TEST_HARNESS" TEST_VALGRIND="$TEST_VALGRIND"
 
 # ---------------------------------------------------------------------------------------------
 # OpenResty, from the tarball in the build context: its ./configure copies bundle/ to build/
