@@ -484,10 +484,14 @@ impl Conn {
                 match resp::decode_within(&conn.inbuf[pos..], limit(conn)) {
                     Ok(Some((mut reply, used))) => {
                         pos += used;
+                        // `MOVED 3999 :6381` means this node's host; other error replies
+                        // (NOSCRIPT, a key's refusal) need no address worked out.
                         if let Reply::Error(e) = &reply {
-                            // `MOVED 3999 :6381` means this node's host.
+                            let redirect = e.starts_with(b"MOVED ") || e.starts_with(b"ASK ");
                             let asked = || pool.addr.node_addr();
-                            if let Some(e) = asked().and_then(|a| redirect_from(e, &a)) {
+                            if let Some(e) =
+                                redirect.then(asked).flatten().and_then(|a| redirect_from(e, &a))
+                            {
                                 reply = Reply::Error(e);
                             }
                         }
