@@ -6,6 +6,7 @@
 use lib 't/lib';
 use RLTest;
 use RLTest::Script qw(:all);
+use RLTest::UpgradeZones qw(upgrade_zones upgrade_config upgrade_html @UPGRADE_ZONES);
 use Digest::SHA qw(sha1_hex);
 
 my $repo = RLTest::Nginx::repo_root();
@@ -58,20 +59,9 @@ for my $z (@zones) {
 
 # Names: this module, given the same zones and keys on an empty Redis, writes the same keys.
 redis_cmd('FLUSHALL');
-my @names = qw(log packed counter gcra monthly credits);
-for my $zone (@names) {
-    open my $f, '>', html_dir() . "/$zone" or die $!;
-    print $f "ok\n";
-}
-start_nginx(http_config => <<'EOF', config => join('', map { "    location /$_ { ratelimit $_; }\n" } @names));
-    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
-    ratelimit_zone log     key=$arg_k limit=10  window=1h clock=nginx;
-    ratelimit_zone packed  key=$arg_k limit=10  window=1h clock=nginx algorithm=sliding_log_packed;
-    ratelimit_zone counter key=$arg_k limit=10  window=1h clock=nginx algorithm=sliding_counter;
-    ratelimit_zone gcra    key=$arg_k limit=10  window=1h clock=nginx algorithm=gcra burst=5;
-    ratelimit_zone monthly key=$arg_k limit=100 period=month clock=nginx;
-    ratelimit_zone credits key=$arg_k limit=50  algorithm=balance missing=20 clock=nginx;
-EOF
+my @names = @UPGRADE_ZONES;
+upgrade_html(html_dir());
+start_nginx(http_config => upgrade_zones(), config => upgrade_config());
 is(http_get("/$_?k=a")->{status}, 200, "/$_: admitted") for @names;
 is(http_get('/log?k=' . ('L' x 5000))->{status}, 200, 'a 5,000-byte key: admitted');
 is(join(' ', sort @{ redis_cmd('KEYS', '*') }), join(' ', sort(keys %strings, keys %zsets)),
