@@ -155,7 +155,16 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         Op::Set(n) => (Algorithm::BalanceAdmin, 1, n),
         Op::Add(n) => (Algorithm::BalanceAdmin, 2, n),
     };
-    let za = ZoneArgs { key, algorithm, limit, window_ms, cost, burst: zone.burst, member: None };
+    let za = ZoneArgs {
+        key,
+        algorithm,
+        limit,
+        window_ms,
+        cost,
+        burst: zone.burst,
+        member: None,
+        lease: None,
+    };
 
     let pool = Pool::from_ngx_pool((*r).pool);
     let Some(ctx) = NonNull::new(pool.allocate(AdminCtx {

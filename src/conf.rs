@@ -16,6 +16,7 @@ use ngx::ngx_log_error;
 use crate::deny_cache::DenyCache;
 use crate::headers::HeaderMode;
 use crate::key::prefix_tag;
+use crate::lease::{LeaseConf, Leases};
 use crate::local_limit::LocalLimiter;
 use crate::metrics::store::Cells;
 use crate::metrics::Metrics;
@@ -128,6 +129,8 @@ pub struct Zone {
     /// `member=request_id`: `$request_id`, compiled in the configuration pool; each admitted
     /// unit of the log is stored under the request's id instead of a compact integer.
     pub member: Option<*mut ngx_http_complex_value_t>,
+    /// `lease=` and `lease_time=` (`crate::lease`); `None` for `lease=off`.
+    pub lease: Option<LeaseConf>,
 }
 
 pub struct MainConf {
@@ -139,6 +142,9 @@ pub struct MainConf {
     /// This worker's remembered rejections, created on the first one. Indexed by zone, so it
     /// belongs to this configuration and goes with it on reload.
     pub deny_cache: RefCell<Option<DenyCache>>,
+    /// This worker's reservations, created on the first zone that asks for one; given back at
+    /// worker exit (`crate::giveback`).
+    pub leases: RefCell<Option<Leases>>,
     /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
     pub local: RefCell<Option<LocalLimiter>>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
@@ -165,6 +171,7 @@ impl Default for MainConf {
             zones: Vec::new(),
             pool: Cell::new(ptr::null_mut()),
             deny_cache: RefCell::new(None),
+            leases: RefCell::new(None),
             local: RefCell::new(None),
             local_size: None,
             metrics_size: None,

@@ -21,6 +21,7 @@ use crate::conf::{
 };
 use crate::headers::HeaderMode;
 use crate::key::{split_braces, tag_template, Piece};
+use crate::lease::{LeaseConf, LeaseSize, DEFAULT_LEASE_MS};
 use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
@@ -183,7 +184,7 @@ const REDIS_PARAMS: [&str; 14] = [
     "sentinel_user",
     "sentinel_password",
 ];
-const ZONE_PARAMS: [&str; 12] = [
+const ZONE_PARAMS: [&str; 14] = [
     "key",
     "limit",
     "window",
@@ -196,6 +197,8 @@ const ZONE_PARAMS: [&str; 12] = [
     "clock",
     "exact_key",
     "member",
+    "lease",
+    "lease_time",
 ];
 const RATELIMIT_PARAMS: [&str; 1] = ["cost"];
 
@@ -481,6 +484,7 @@ unsafe extern "C" fn cmd_zone(
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     let mut member = None;
+    let (mut lease, mut lease_time) = (None, None);
     for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return unknown(cf, s, i) };
@@ -522,6 +526,13 @@ unsafe extern "C" fn cmd_zone(
                 }
                 _ => None,
             },
+            "lease" => match value {
+                "off" => Some(None),
+                "auto" => Some(Some(LeaseSize::Auto)),
+                _ => parse_limit(value).map(|n| Some(LeaseSize::Fixed(n))),
+            }
+            .map(|l| lease = Some(l)),
+            "lease_time" => parse_msec(value).filter(|&t| t > 0).map(|t| lease_time = Some(t)),
             _ => return unknown(cf, s, i),
         };
         if ok.is_none() {
@@ -580,6 +591,18 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     }
+    let lease = match (lease.flatten(), lease_time) {
+        (Some(size), time) => Some(LeaseConf { size, time_ms: time.unwrap_or(DEFAULT_LEASE_MS) }),
+        (None, None) => None,
+        (None, Some(_)) => return zone_error(cf, name, "\"lease_time=\" needs \"lease=\""),
+    };
+    if lease.is_some() && member.is_some() {
+        return zone_error(
+            cf,
+            name,
+            "\"lease=\" cannot reserve with \"member=request_id\": a reserved unit has no request",
+        );
+    }
     if let Param::Fixed(n) = limit {
         if n > algorithm.max_limit() {
             ngx_conf_log_error!(
@@ -613,6 +636,7 @@ unsafe extern "C" fn cmd_zone(
         status,
         exact_key,
         member,
+        lease,
     });
     NGX_CONF_OK
 }

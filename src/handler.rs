@@ -18,10 +18,13 @@ use ngx::ngx_log_error;
 
 use crate::conf::{Clock, FailPolicy, KeyPiece, LocConf, MainConf, Param, RedisConf, Zone};
 use crate::deny_cache::{Denial, DenyCache};
+use crate::giveback;
 use crate::headers::{self, Policy, Quota};
 use crate::key::{cluster_value, shorten, Key, Piece};
+use crate::lease::{Ask, Figures, Leases};
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::log_throttle::LogThrottle;
+use crate::metrics::LeaseEvent;
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
@@ -48,6 +51,8 @@ pub struct Ctx {
     /// When the decision was asked for: a rejection is remembered from then, so the memory
     /// never outlasts what Redis said.
     started: ngx_msec_t,
+    /// The same instant on the wall clock, in ms: `$ratelimit_time`.
+    pub asked_ms: u64,
     /// The zones that decide this request, in script order.
     zones: Vec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
@@ -68,6 +73,8 @@ pub struct ZoneReq {
     cost: u64,
     /// `member=request_id`: `$request_id`, in the request's pool.
     member: Option<&'static [u8]>,
+    /// `lease=`: the units to reserve with this request's decision, and their life in ms.
+    lease: Option<(u64, u64)>,
 }
 
 impl ZoneReq {
@@ -92,7 +99,13 @@ impl ZoneReq {
             cost,
             burst: zone.burst,
             member: self.member,
+            lease: self.lease,
         }
+    }
+
+    fn ask(&self) -> Ask<'_> {
+        let figures = Figures { limit: self.limit, window_ms: self.window_ms };
+        Ask { zone: self.zone, key: self.key.parts(), cost: self.cost, figures }
     }
 }
 
@@ -103,6 +116,8 @@ const DENY_CACHE_ENTRIES: usize = 10_000;
 const UNTRACKED_DENIAL_MS: u64 = 100;
 /// Longer keys are always asked of Redis, so the deny cache stays small whatever clients send.
 const DENY_CACHE_MAX_KEY: usize = 256;
+/// Keys with reservations or demand counts per worker; more keys are decided exactly.
+const LEASE_ENTRIES: usize = 10_000;
 
 pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     if r != (*r).main {
@@ -131,6 +146,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let ctx = &mut *ctx.as_ptr();
     let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
     ctx.started = ngx_current_msec;
+    ctx.asked_ms = wall_ms();
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
@@ -172,7 +188,9 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             },
             None => None,
         };
-        ctx.zones.push(ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member });
+        let z =
+            ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member, lease: None };
+        ctx.zones.push(z);
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
         if cost > capacity {
             let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
@@ -195,8 +213,14 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         ctx.applied = true;
         return NGX_DECLINED as ngx_int_t;
     }
+    // What Redis said changed since the last request, heard first.
+    hear_changes(mcf);
     // A dry run asks Redis every time, so what it reports is what Redis would decide now.
     if lcf.deny_cache() && !lcf.dry_run() && rejected_from_memory(ctx, mcf) {
+        return apply(ctx, lcf, mcf);
+    }
+    let leasing = !lcf.dry_run() && ctx.zones.iter().any(|z| mcf.zones[z.zone].lease.is_some());
+    if leasing && admitted_from_reservations(ctx, mcf) {
         return apply(ctx, lcf, mcf);
     }
 
@@ -328,11 +352,6 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut cache = mcf.deny_cache.borrow_mut();
     let Some(cache) = cache.as_mut() else { return false };
     let (now, entries) = (ngx_current_msec as u64, cache.len());
-    // What Redis said changed since the last request, forgotten first.
-    invalidation::drain(|f| match f {
-        Forget::All => cache.clear(),
-        Forget::Key(key) => (0..mcf.zones.len()).for_each(|zone| cache.forget(zone, &[key])),
-    });
     for (i, z) in ctx.zones.iter().enumerate() {
         let Some(key) = z.cached_key() else { continue };
         if let Some(left) = cache.check(z.zone, &key, z.cost, z.limit, z.window_ms, now) {
@@ -347,6 +366,99 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     }
     ctx.status = Status::RejectedCached;
     true
+}
+
+/// Applies what Redis told of its keys: a change makes the deny cache forget the key and a
+/// reservation of it be checked again (`EXISTS`, which also renews the tracking); a key gone
+/// (reset) or lost tracking drops reservations, whose units Redis no longer counts.
+fn hear_changes(mcf: &MainConf) {
+    let (mut cache, mut leases) = (mcf.deny_cache.borrow_mut(), mcf.leases.borrow_mut());
+    let entries = cache.as_ref().map_or(0, |c| c.len());
+    let zones = mcf.zones.len();
+    invalidation::drain(|f| {
+        if let Some(cache) = cache.as_mut() {
+            match f {
+                Forget::All => cache.clear(),
+                Forget::Key(key) | Forget::Gone(key) => {
+                    (0..zones).for_each(|zone| cache.forget(zone, &[key]))
+                }
+            }
+        }
+        if let Some(leases) = leases.as_mut() {
+            match f {
+                Forget::All => leases.revoke_all(),
+                Forget::Gone(key) => leases.revoke(zones, key),
+                Forget::Key(key) if leases.holds(zones, key) => {
+                    if !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key])) {
+                        leases.revoke(zones, key);
+                    }
+                }
+                Forget::Key(_) => {}
+            }
+        }
+    });
+    if let Some(cache) = cache.as_ref() {
+        mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);
+    }
+}
+
+/// `lease=`: admits the request from this worker's reservations when every zone has the units,
+/// spending them; otherwise says how many units each leasing zone asks Redis to reserve.
+unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
+    let mut leases = mcf.leases.borrow_mut();
+    let leases = leases.get_or_insert_with(|| Leases::new(LEASE_ENTRIES));
+    let now = ngx_current_msec as u64;
+    let asks: Vec<Ask<'_>> = ctx.zones.iter().map(ZoneReq::ask).collect();
+    if ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some()) {
+        if let Some(spent) = leases.try_spend(&asks, now) {
+            // The zone with the least left describes the request, as after a Redis decision.
+            let (i, &(remaining, reset_ms)) =
+                spent.iter().enumerate().min_by_key(|(_, s)| s.0).expect("a zone");
+            ctx.quota = Some((i, remaining, reset_ms));
+            ctx.status = Status::PassedLease;
+            return true;
+        }
+    }
+    let wants: Vec<Option<(u64, u64)>> = asks
+        .iter()
+        .map(|a| {
+            let zone = &mcf.zones[a.zone];
+            let conf = zone.lease?;
+            let life = conf.life_ms(a.figures.window_ms);
+            let log = zone.algorithm == Algorithm::SlidingLog;
+            (life > 0).then(|| (leases.want(a, conf.size, life, log, now), life))
+        })
+        .collect();
+    drop(asks);
+    for (z, want) in ctx.zones.iter_mut().zip(wants) {
+        z.lease = want;
+    }
+    false
+}
+
+/// Keeps the units Redis reserved with an admitted decision, for the requests that follow.
+/// Reservations Redis does not track for this worker live briefly only, as remembered
+/// rejections do: a reset of the key would go unheard.
+fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
+    let Some(pool) = WorkerPool::get(mcf) else { return };
+    let mut leases = mcf.leases.borrow_mut();
+    let Some(leases) = leases.as_mut() else { return };
+    for (z, v) in ctx.zones.iter().zip(d.zones.iter_mut()) {
+        let mut grant = v.grant;
+        if grant.units == 0 {
+            continue;
+        }
+        if !pool.track(&z.key.parts()) {
+            grant.life_ms = grant.life_ms.min(UNTRACKED_DENIAL_MS);
+        }
+        let log = mcf.zones[z.zone].algorithm == Algorithm::SlidingLog;
+        let old = leases.granted(&z.ask(), grant, ctx.started as u64, v.remaining, v.reset_ms, log);
+        mcf.metrics.get().lease(z.zone, LeaseEvent::Reserved, grant.units);
+        // What this worker may still admit includes what it now holds.
+        v.remaining += grant.units;
+        giveback::send(mcf, old.into_iter().collect());
+    }
+    giveback::arm(mcf);
 }
 
 /// Remembers the zones that rejected a request, for `rejected_from_memory`: until the retry-after
@@ -385,6 +497,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         args: EncodedArgs::default(),
         retries: Retries::default(),
         started: 0,
+        asked_ms: 0,
         zones: Vec::new(),
         beyond_capacity: false,
         quota: None,
@@ -666,10 +779,13 @@ unsafe fn queue(
 /// Turns the waiter's result into the request's status.
 unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
     let Some(result) = ctx.waiter.result.take() else { return };
-    let failure = match result.map(|reply| script::decode_decision(&reply, ctx.zones.len())) {
-        Ok(Ok(d)) => {
+    let failure = match result.map(|reply| script::decode_reply(&reply, &ctx.args)) {
+        Ok(Ok(mut d)) => {
             if !d.allowed && lcf.deny_cache() {
                 remember_rejection(ctx, mcf, &d);
+            }
+            if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
+                keep_reservations(ctx, mcf, &mut d);
             }
             return record(ctx, &d);
         }

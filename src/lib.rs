@@ -7,6 +7,7 @@
 mod deny_cache;
 pub mod headers;
 pub mod key;
+pub mod lease;
 mod local_limit;
 mod log_throttle;
 pub mod metrics;
@@ -25,6 +26,8 @@ mod auth_target;
 mod conf;
 #[cfg(not(test))]
 mod directives;
+#[cfg(not(test))]
+mod giveback;
 #[cfg(not(test))]
 mod handler;
 #[cfg(not(test))]

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use crate::lease::Grant;
 use crate::script::{Decision, ZoneVerdict};
 
 /// One zone of a local decision.
@@ -142,7 +143,7 @@ impl LocalLimiter {
         let room = (z.limit as u128 * w as u128).saturating_sub(used);
         let remaining = (room / w as u128) as u64;
         if remaining >= z.cost {
-            return ZoneVerdict { ok: true, remaining, reset_ms: 0 };
+            return ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
         }
         // When will prev * (w - e) + cur * w <= (limit - cost) * w hold, if nothing else comes?
         let target = (z.limit - z.cost.min(z.limit)) as u128 * w as u128;
@@ -155,7 +156,7 @@ impl LocalLimiter {
             let e = w as u128 - (target / cur.max(1) as u128).min(w as u128);
             w - elapsed + e as u64
         };
-        ZoneVerdict { ok: false, remaining, reset_ms: retry_ms }
+        ZoneVerdict { ok: false, remaining, reset_ms: retry_ms, grant: Grant::default() }
     }
 }
 
@@ -183,7 +184,10 @@ mod tests {
         for (left, reset_ms) in [(2, 900 + 1000), (1, 900 + 500), (0, 900 + 334)] {
             let d = l.d(&z, 100);
             assert!(d.allowed);
-            assert_eq!(d.zones, vec![ZoneVerdict { ok: true, remaining: left, reset_ms }]);
+            assert_eq!(
+                d.zones,
+                vec![ZoneVerdict { ok: true, remaining: left, reset_ms, grant: Grant::default() }]
+            );
         }
         let v = l.d(&z, 200).zones[0];
         assert!(!v.ok);
@@ -216,12 +220,15 @@ mod tests {
         // Two windows later nothing counts any more.
         assert_eq!(l.d(&z, 2500).zones[0].remaining, 1);
         let read = [LocalZone { cost: 0, ..zone(b"a", 5) }];
-        let fresh = ZoneVerdict { ok: true, remaining: 5, reset_ms: 0 };
+        let fresh = ZoneVerdict { ok: true, remaining: 5, reset_ms: 0, grant: Grant::default() };
         assert_eq!(l.d(&read, 4500).zones[0], fresh, "nothing in use: reset 0");
         assert_eq!(l.d(&z, 4500).zones[0].remaining, 1);
         let v = l.d(&read, 4500).zones[0];
         // 4 in window 4: 2 more fit once 4 * (1000 - e) / 1000 <= 3, at e = 250 of window 5.
-        assert_eq!(v, ZoneVerdict { ok: true, remaining: 1, reset_ms: 500 + 250 });
+        assert_eq!(
+            v,
+            ZoneVerdict { ok: true, remaining: 1, reset_ms: 500 + 250, grant: Grant::default() }
+        );
     }
 
     #[test]

@@ -22,8 +22,9 @@ use store::Cells;
 
 /// The statuses counted per zone: every final status of a request that has zones to count in
 /// (`SKIPPED` has none, `PENDING` is no decision).
-pub const STATUSES: [Status; 8] = [
+pub const STATUSES: [Status; 9] = [
     Status::Passed,
+    Status::PassedLease,
     Status::Rejected,
     Status::RejectedCached,
     Status::RejectedDryRun,
@@ -100,7 +101,22 @@ pub enum Gauge {
 // worker-summed ones. In the shared zone each zone's cells, the server's and the workers' are
 // separate blocks ([`store`]).
 const Z_UNITS: usize = STATUSES.len();
-pub const ZONE_CELLS: usize = STATUSES.len() + 1;
+const Z_LEASE: usize = Z_UNITS + 1;
+pub const ZONE_CELLS: usize = Z_LEASE + LEASE_EVENTS.len();
+
+/// What happens to reserved units (`lease=`), counted per zone: what Redis reserved, and what
+/// went back unspent. Requests admitted from reservations are the decisions counted as
+/// `PASSED_LEASE`; what was neither spent nor given back lapsed (revoked by a reset, a
+/// give-back that failed, a worker killed). Two cells only: a zone's block stays in nginx's
+/// 128-byte slab class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEvent {
+    Reserved,
+    Returned,
+}
+
+pub const LEASE_EVENTS: [(LeaseEvent, &str); 2] =
+    [(LeaseEvent::Reserved, "reserved"), (LeaseEvent::Returned, "returned")];
 const R_BUCKETS: usize = 0;
 const R_COUNT: usize = R_BUCKETS + BUCKETS_US.len();
 const R_SUM_US: usize = R_COUNT + 1;
@@ -164,7 +180,7 @@ impl Metrics {
 
     /// A request's final status in each of its zones `(zone, cost)`, and the units it recorded.
     pub fn request(&self, status: Status, zones: impl Iterator<Item = (usize, u64)>) {
-        let recorded = matches!(status, Status::Passed | Status::PassedLocal);
+        let recorded = matches!(status, Status::Passed | Status::PassedLease | Status::PassedLocal);
         for (zone, cost) in zones {
             self.decision(zone, status, if recorded { cost } else { 0 });
         }
@@ -176,6 +192,14 @@ impl Metrics {
         }
         if units > 0 {
             self.zone(zone, Z_UNITS, units);
+        }
+    }
+
+    /// Reserved units of `zone` reserved, spent or returned.
+    pub fn lease(&self, zone: usize, event: LeaseEvent, units: u64) {
+        let i = LEASE_EVENTS.iter().position(|&(e, _)| e == event).unwrap_or(0);
+        if units > 0 {
+            self.zone(zone, Z_LEASE + i, units);
         }
     }
 
@@ -253,6 +277,10 @@ impl View<'_> {
     pub fn units(&self, zone: usize) -> u64 {
         self.cells[zone * ZONE_CELLS + Z_UNITS]
     }
+    /// Units of `LEASE_EVENTS[i]`.
+    pub fn lease(&self, zone: usize, i: usize) -> u64 {
+        self.cells[zone * ZONE_CELLS + Z_LEASE + i]
+    }
     fn redis(&self, i: usize) -> u64 {
         self.cells[self.zones * ZONE_CELLS + i]
     }
@@ -317,9 +345,13 @@ mod tests {
         let v = View { cells: &cells, zones: 2 };
         assert_eq!(v.status(1, 0), 2);
         assert_eq!(v.units(1), 4);
-        assert_eq!(v.status(0, 3), 1);
+        assert_eq!(v.status(0, 4), 1);
         assert_eq!(v.units(0), 0);
-        assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1);
+        m.lease(1, LeaseEvent::Returned, 5);
+        let cells = m.snapshot().unwrap();
+        let v = View { cells: &cells, zones: 2 };
+        assert_eq!((v.lease(1, 0), v.lease(1, 1)), (0, 5));
+        assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1 + 5);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::sync::OnceLock;
 
 use crate::key::Key;
+use crate::lease::{GiveBack, Grant};
 use crate::params::MAX_LIMIT;
 use crate::redis::resp::{self, Reply};
 use crate::redis::slot;
@@ -190,6 +191,9 @@ pub struct ZoneArgs<'a> {
     /// `sliding_log` with `member=request_id`: the request's id, the base of its members. It
     /// goes as algorithm `r`, in the place of `burst`, which the log does not use.
     pub member: Option<&'a [u8]>,
+    /// `lease=`: the units to reserve besides the cost (0: none, an exact decision) and the
+    /// reservation's life in ms. The zone then goes as `<letter>+<want>:<life>`.
+    pub lease: Option<(u64, u64)>,
 }
 
 /// Arguments per zone after the key, in the order `lua/decide.lua` reads them.
@@ -206,6 +210,9 @@ pub struct EncodedArgs {
     bytes: Vec<u8>,
     keys_len: usize,
     zones: usize,
+    /// Per zone, whether it asks for a reservation (and so is answered with six fields); empty
+    /// when none does.
+    leased: Vec<bool>,
 }
 
 impl EncodedArgs {
@@ -227,9 +234,18 @@ impl EncodedArgs {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
         }
-        for z in zones {
+        let mut leased = Vec::new();
+        for (i, z) in zones.enumerate() {
             let code = if z.member.is_some() { b"r" } else { z.algorithm.code() };
-            resp::put_bulk(&mut bytes, code);
+            match z.lease {
+                Some((want, life_ms)) => {
+                    leased.resize(count, false);
+                    leased[i] = true;
+                    let field = format!("{}+{want}:{life_ms}", code[0] as char);
+                    resp::put_bulk(&mut bytes, field.as_bytes());
+                }
+                None => resp::put_bulk(&mut bytes, code),
+            }
             resp::put_bulk_int(&mut bytes, z.limit);
             resp::put_bulk_int(&mut bytes, z.window_ms);
             resp::put_bulk_int(&mut bytes, z.cost);
@@ -244,7 +260,26 @@ impl EncodedArgs {
                 }
             }
         }
-        EncodedArgs { bytes, keys_len, zones: count }
+        EncodedArgs { bytes, keys_len, zones: count, leased }
+    }
+
+    /// A decision of its own that returns a reservation's unspent units (`G<letter>`).
+    pub fn give_back(g: &GiveBack, algorithm: Algorithm) -> Self {
+        let mut bytes = Vec::with_capacity(g.key.len() + 96);
+        resp::put_bulk(&mut bytes, &g.key);
+        let keys_len = bytes.len();
+        resp::put_bulk(&mut bytes, b"");
+        resp::put_bulk(&mut bytes, &[b'G', algorithm.code()[0]]);
+        resp::put_bulk_int(&mut bytes, g.limit);
+        resp::put_bulk_int(&mut bytes, g.window_ms);
+        resp::put_bulk_int(&mut bytes, g.units);
+        resp::put_bulk_int(&mut bytes, g.token);
+        EncodedArgs { bytes, keys_len, zones: 1, leased: Vec::new() }
+    }
+
+    /// Whether zone `i` asked for a reservation.
+    pub fn leased(&self, i: usize) -> bool {
+        self.leased.get(i).copied().unwrap_or(false)
     }
 
     /// The Cluster slot all the keys share, if they do: one script call touches one slot.
@@ -279,6 +314,8 @@ pub struct ZoneVerdict {
     pub ok: bool,
     pub remaining: u64,
     pub reset_ms: u64,
+    /// What a zone that asked for a reservation was granted (nothing otherwise).
+    pub grant: Grant,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,12 +354,27 @@ pub enum ReplyError {
     Unexpected,
 }
 
-/// Reads the script's reply for a decision over `zones` zones.
+/// Reads the script's reply for a decision over `zones` zones, none asking for a reservation.
 pub fn decode_decision(reply: &Reply, zones: usize) -> Result<Decision, ReplyError> {
+    decode_args_reply(reply, zones, |_| false)
+}
+
+/// Reads the script's reply for the decision `args` encoded.
+pub fn decode_reply(reply: &Reply, args: &EncodedArgs) -> Result<Decision, ReplyError> {
+    decode_args_reply(reply, args.zones, |i| args.leased(i))
+}
+
+/// A zone that asked for a reservation answers six fields, the others three.
+fn decode_args_reply(
+    reply: &Reply,
+    zones: usize,
+    leased: impl Fn(usize) -> bool,
+) -> Result<Decision, ReplyError> {
+    let len = 1 + (0..zones).map(|z| if leased(z) { 6 } else { 3 }).sum::<usize>();
     let items = match reply {
         Reply::Error(msg) if msg.starts_with(b"NOSCRIPT") => return Err(ReplyError::NoScript),
         Reply::Error(msg) => return Err(ReplyError::Redis(String::from_utf8_lossy(msg).into())),
-        Reply::Array(Some(items)) if items.len() == 1 + 3 * zones && zones > 0 => items,
+        Reply::Array(Some(items)) if items.len() == len && zones > 0 => items,
         _ => return Err(ReplyError::Unexpected),
     };
     let int = |i: usize| match items[i] {
@@ -334,13 +386,21 @@ pub fn decode_decision(reply: &Reply, zones: usize) -> Result<Decision, ReplyErr
         1 => true,
         _ => return Err(ReplyError::Unexpected),
     };
+    let mut at = 1;
     let zones = (0..zones)
         .map(|z| {
-            Ok(ZoneVerdict {
-                ok: int(1 + 3 * z)? == 1,
-                remaining: int(2 + 3 * z)?,
-                reset_ms: int(3 + 3 * z)?,
-            })
+            let mut v = ZoneVerdict {
+                ok: int(at)? == 1,
+                remaining: int(at + 1)?,
+                reset_ms: int(at + 2)?,
+                grant: Grant::default(),
+            };
+            at += 3;
+            if leased(z) {
+                v.grant = Grant { units: int(at)?, life_ms: int(at + 1)?, token: int(at + 2)? };
+                at += 3;
+            }
+            Ok(v)
         })
         .collect::<Result<Vec<_>, _>>()?;
     if allowed && zones.iter().any(|z| !z.ok) {
@@ -363,7 +423,16 @@ mod tests {
     }
 
     fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
-        ZoneArgs { key, algorithm, limit: 100, window_ms: 60_000, cost, burst: 7, member: None }
+        ZoneArgs {
+            key,
+            algorithm,
+            limit: 100,
+            window_ms: 60_000,
+            cost,
+            burst: 7,
+            member: None,
+            lease: None,
+        }
     }
 
     #[test]
@@ -410,6 +479,69 @@ mod tests {
             .arg(60_000)
             .arg(2)
             .arg("0123456789abcdef0123456789abcdef")
+            .get_packed_command();
+        let mut cmd = Vec::new();
+        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
+        assert_eq!(cmd, expected);
+    }
+
+    #[test]
+    fn a_zone_asking_for_a_reservation_names_it_in_its_algorithm_field_and_gets_six_fields() {
+        let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 1);
+        z.lease = Some((50, 1000));
+        let plain = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::Gcra, 1);
+        let args = EncodedArgs::new([z, plain].into_iter(), Some(7));
+        let expected = redis::cmd("EVALSHA")
+            .arg(&[b'f'; 40][..])
+            .arg(2)
+            .arg("rl:api:a")
+            .arg("rl:ip:b")
+            .arg(7)
+            .arg("c+50:1000")
+            .arg(100)
+            .arg(60_000)
+            .arg(1)
+            .arg(0)
+            .arg("g")
+            .arg(100)
+            .arg(60_000)
+            .arg(1)
+            .arg(7)
+            .get_packed_command();
+        let mut cmd = Vec::new();
+        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
+        assert_eq!(cmd, expected);
+        let d = decode_reply(&ints(&[1, 1, 40, 900, 10, 1000, 77, 1, 5, 600]), &args).unwrap();
+        assert_eq!(d.zones[0].grant, Grant { units: 10, life_ms: 1000, token: 77 });
+        assert_eq!((d.zones[1].remaining, d.zones[1].grant), (5, Grant::default()));
+        // Three fields for the reserving zone: not the script's answer.
+        assert_eq!(
+            decode_reply(&ints(&[1, 1, 40, 900, 1, 5, 600]), &args),
+            Err(ReplyError::Unexpected)
+        );
+    }
+
+    #[test]
+    fn a_give_back_is_a_decision_of_its_own() {
+        let g = GiveBack {
+            zone: 0,
+            key: b"rl:api:a".to_vec(),
+            units: 3,
+            token: 1234,
+            limit: 100,
+            window_ms: 60_000,
+        };
+        let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
+        let expected = redis::cmd("EVALSHA")
+            .arg(&[b'f'; 40][..])
+            .arg(1)
+            .arg("rl:api:a")
+            .arg("")
+            .arg("Gl")
+            .arg(100)
+            .arg(60_000)
+            .arg(3)
+            .arg(1234)
             .get_packed_command();
         let mut cmd = Vec::new();
         write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
@@ -538,7 +670,12 @@ mod tests {
             d,
             Decision {
                 allowed: true,
-                zones: vec![ZoneVerdict { ok: true, remaining: 41, reset_ms: 17_000 }]
+                zones: vec![ZoneVerdict {
+                    ok: true,
+                    remaining: 41,
+                    reset_ms: 17_000,
+                    grant: Grant::default()
+                }]
             }
         );
         let d = decode_decision(&ints(&[0, 1, 5, 100, 0, 0, 900, 0, 0, 1200]), 3).unwrap();

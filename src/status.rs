@@ -6,6 +6,8 @@ pub enum Status {
     Pending,
     Skipped,
     Passed,
+    /// Admitted from units this worker reserved in Redis earlier (`lease=`), without asking.
+    PassedLease,
     Rejected,
     /// Rejected by this worker's memory of an earlier rejection, without asking Redis.
     RejectedCached,
@@ -24,6 +26,7 @@ impl Status {
             Status::Pending => b"PENDING",
             Status::Skipped => b"SKIPPED",
             Status::Passed => b"PASSED",
+            Status::PassedLease => b"PASSED_LEASE",
             Status::Rejected => b"REJECTED",
             Status::RejectedCached => b"REJECTED_CACHED",
             Status::PassedLocal => b"PASSED_LOCAL",

@@ -1,5 +1,5 @@
 //! `$ratelimit_status`, `$ratelimit_zone`, `$ratelimit_limit`, `$ratelimit_remaining`,
-//! `$ratelimit_reset`.
+//! `$ratelimit_reset`, `$ratelimit_time`.
 //!
 //! Not cacheable, so the access log sees the final value; read from the main request's context,
 //! which survives internal redirects.
@@ -23,6 +23,9 @@ const LIMIT: usize = 1;
 const REMAINING: usize = 2;
 const RESET: usize = 3;
 const ZONE: usize = 4;
+/// When the decision was asked for (sent to Redis, or made from this worker's memory), on the
+/// wall clock, as `$msec` writes it: the access log's `$msec` trails it by the request's life.
+const TIME: usize = 5;
 
 const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     ngx_http_variable_t {
@@ -35,12 +38,13 @@ const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     }
 }
 
-static mut VARIABLES: [ngx_http_variable_t; 5] = [
+static mut VARIABLES: [ngx_http_variable_t; 6] = [
     var(ngx_string!("ratelimit_status"), STATUS),
     var(ngx_string!("ratelimit_limit"), LIMIT),
     var(ngx_string!("ratelimit_remaining"), REMAINING),
     var(ngx_string!("ratelimit_reset"), RESET),
     var(ngx_string!("ratelimit_zone"), ZONE),
+    var(ngx_string!("ratelimit_time"), TIME),
 ];
 
 /// # Safety
@@ -71,6 +75,14 @@ unsafe extern "C" fn get(
     if data == STATUS {
         return set(v, ctx.status.as_bytes().as_ptr() as *mut u8, ctx.status.as_bytes().len());
     }
+    let mut text = StackText::default();
+    if data == TIME {
+        if ctx.asked_ms == 0 {
+            return NGX_OK as ngx_int_t;
+        }
+        let _ = write!(text, "{}.{:03}", ctx.asked_ms / 1000, ctx.asked_ms % 1000);
+        return copy(r, v, text.as_bytes());
+    }
     let Some((zone, limit, remaining, reset)) = quota_figures(ctx, mcf) else {
         return NGX_OK as ngx_int_t;
     };
@@ -83,9 +95,12 @@ unsafe extern "C" fn get(
         REMAINING => remaining,
         _ => reset,
     };
-    let mut text = StackText::default();
     let _ = write!(text, "{n}");
-    let text = text.as_bytes();
+    copy(r, v, text.as_bytes())
+}
+
+/// `text` copied into the request's pool as the variable's value.
+unsafe fn copy(r: *mut ngx_http_request_t, v: &mut ngx_variable_value_t, text: &[u8]) -> ngx_int_t {
     let p = ngx_pnalloc((*r).pool, text.len()) as *mut u8;
     if p.is_null() {
         return NGX_ERROR as ngx_int_t;

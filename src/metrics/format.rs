@@ -2,7 +2,7 @@
 
 use core::fmt::{self, Write};
 
-use super::{Counter, Gauge, View, BUCKETS_US, ERROR_KINDS, REPLY_CLASSES, STATUSES};
+use super::{Counter, Gauge, View, BUCKETS_US, ERROR_KINDS, LEASE_EVENTS, REPLY_CLASSES, STATUSES};
 
 /// What the figures are about: the zone names (in layout order) and the Redis server's name.
 pub struct Labels<'a> {
@@ -105,6 +105,15 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
                 v.units(z)
             )?;
         }
+        let u = "ratelimit_lease_units_total";
+        writeln!(o, "# HELP {u} Units reserved (lease=), and given back unspent.")?;
+        writeln!(o, "# TYPE {u} counter")?;
+        for (z, name) in l.zones.iter().enumerate() {
+            for (i, (_, event)) in LEASE_EVENTS.iter().enumerate() {
+                let n = v.lease(z, i);
+                writeln!(o, "{u}{{zone=\"{}\",event=\"{event}\"}} {n}", Escaped(name))?;
+            }
+        }
         let h = "ratelimit_redis_call_duration_seconds";
         writeln!(o, "# HELP {h} Round trip of one script call, from its write to its reply.")?;
         writeln!(o, "# TYPE {h} histogram")?;
@@ -157,7 +166,12 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
                 let sep = if i == 0 { "" } else { "," };
                 write!(o, "{sep}\"{}\":{}", status_name(i), v.status(z, i))?;
             }
-            write!(o, "}},\"consumed_units\":{}}}", v.units(z))?;
+            write!(o, "}},\"consumed_units\":{},\"lease_units\":{{", v.units(z))?;
+            for (i, (_, event)) in LEASE_EVENTS.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                write!(o, "{sep}\"{event}\":{}", v.lease(z, i))?;
+            }
+            o.write_str("}}")?;
         }
         write!(
             o,

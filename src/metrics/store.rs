@@ -38,8 +38,8 @@ pub struct Directory {
     worker: [AtomicU64; WORKER_CELLS],
 }
 
-const ZONE: u64 = 0;
-const SERVER: u64 = 1;
+const ZONE: u32 = 0;
+const SERVER: u32 = 1;
 
 /// A named block of cells; the cells follow it in the same allocation.
 #[repr(C)]
@@ -47,13 +47,15 @@ struct Entry {
     next: *mut Entry,
     /// The last configuration that used it.
     used: u64,
-    kind: u64,
     name: *mut u8,
-    name_len: usize,
+    /// Beside `kind`, so that the entry takes 32 bytes and a zone's block (its cells after it)
+    /// fits nginx's 128-byte slab class.
+    name_len: u32,
+    kind: u32,
 }
 
 impl Entry {
-    fn cells(kind: u64) -> usize {
+    fn cells(kind: u32) -> usize {
         if kind == ZONE {
             ZONE_CELLS
         } else {
@@ -73,7 +75,7 @@ impl Entry {
         if (*e).name_len == 0 {
             return &[];
         }
-        slice::from_raw_parts((*e).name, (*e).name_len)
+        slice::from_raw_parts((*e).name, (*e).name_len as usize)
     }
 }
 
@@ -106,7 +108,7 @@ pub unsafe fn attach(
     (*dir).generation += 1;
     let generation = (*dir).generation;
     // The server first: with the zone full, a configuration with fewer zones still fits.
-    let wanted: Vec<(u64, &[u8])> = [(SERVER, server.as_bytes())]
+    let wanted: Vec<(u32, &[u8])> = [(SERVER, server.as_bytes())]
         .into_iter()
         .chain(zones.iter().map(|z| (ZONE, z.as_bytes())))
         .collect();
@@ -137,7 +139,7 @@ unsafe fn entries(dir: *mut Directory) -> impl Iterator<Item = *mut Entry> {
 }
 
 /// The block already named so, marked as used by `generation`; null if none.
-unsafe fn claim(dir: *mut Directory, kind: u64, name: &[u8], generation: u64) -> *mut Entry {
+unsafe fn claim(dir: *mut Directory, kind: u32, name: &[u8], generation: u64) -> *mut Entry {
     match entries(dir).find(|&e| (*e).kind == kind && Entry::name(e) == name) {
         Some(e) => {
             (*e).used = generation;
@@ -151,7 +153,7 @@ unsafe fn claim(dir: *mut Directory, kind: u64, name: &[u8], generation: u64) ->
 unsafe fn reuse(
     dir: *mut Directory,
     slab: &mut impl Slab,
-    kind: u64,
+    kind: u32,
     name: &[u8],
     generation: u64,
 ) -> Option<*mut Entry> {
@@ -160,7 +162,7 @@ unsafe fn reuse(
     if !(*e).name.is_null() {
         slab.free((*e).name);
     }
-    ((*e).name, (*e).name_len, (*e).used) = (copy, name.len(), generation);
+    ((*e).name, (*e).name_len, (*e).used) = (copy, name.len() as u32, generation);
     let cells = Entry::cells_of(e);
     for i in 0..Entry::cells(kind) {
         (*cells.add(i)).store(0, Relaxed);
@@ -172,7 +174,7 @@ unsafe fn reuse(
 unsafe fn add(
     dir: *mut Directory,
     slab: &mut impl Slab,
-    kind: u64,
+    kind: u32,
     name: &[u8],
     generation: u64,
 ) -> Option<*mut Entry> {
@@ -190,7 +192,7 @@ unsafe fn add(
         used: generation,
         kind,
         name: copy,
-        name_len: name.len(),
+        name_len: name.len() as u32,
     });
     (*dir).entries = e;
     Some(e)

@@ -71,7 +71,8 @@ pub fn event(reply: &Reply) -> Event<'_> {
 #[derive(Default)]
 struct Pending {
     all: bool,
-    keys: Vec<Vec<u8>>,
+    /// Each key, and whether Redis said it is gone rather than changed.
+    keys: Vec<(Vec<u8>, bool)>,
 }
 
 /// Keys waiting to be forgotten, at most; past this, everything is.
@@ -85,7 +86,11 @@ thread_local! {
 /// One of what [`drain`] hands over.
 pub enum Forget<'a> {
     All,
+    /// Written: remembered rejections go; reservations stand, since every reservation by
+    /// another worker writes the key too, and are checked again.
     Key(&'a [u8]),
+    /// Not there any more (reset, expired, flushed): reservations of it go as well.
+    Gone(&'a [u8]),
 }
 
 /// Every remembered rejection must go: its tracking was lost, or Redis flushed.
@@ -97,8 +102,17 @@ pub fn forget_all() {
     });
 }
 
-/// The rejections remembered for `key` must go.
+/// The rejections remembered for `key` must go: Redis says it changed.
 pub fn forget(key: &[u8]) {
+    push(key, false);
+}
+
+/// `key` is not in Redis any more.
+pub fn gone(key: &[u8]) {
+    push(key, true);
+}
+
+fn push(key: &[u8], gone: bool) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         if p.all {
@@ -108,7 +122,7 @@ pub fn forget(key: &[u8]) {
             p.all = true;
             p.keys.clear();
         } else {
-            p.keys.push(key.to_vec());
+            p.keys.push((key.to_vec(), gone));
         }
     });
 }
@@ -119,8 +133,8 @@ pub fn drain(mut f: impl FnMut(Forget<'_>)) {
     if p.all {
         f(Forget::All);
     }
-    for k in &p.keys {
-        f(Forget::Key(k));
+    for (k, gone) in &p.keys {
+        f(if *gone { Forget::Gone(k) } else { Forget::Key(k) });
     }
 }
 
@@ -159,13 +173,14 @@ mod tests {
                 out.push(match f {
                     Forget::All => "*".to_string(),
                     Forget::Key(k) => String::from_utf8_lossy(k).into_owned(),
+                    Forget::Gone(k) => format!("-{}", String::from_utf8_lossy(k)),
                 })
             });
             out
         };
         forget(b"a");
-        forget(b"b");
-        assert_eq!(seen(), ["a", "b"]);
+        gone(b"b");
+        assert_eq!(seen(), ["a", "-b"]);
         assert!(seen().is_empty());
         forget(b"a");
         forget_all();

@@ -196,7 +196,7 @@ impl Tracker {
                 // A key gone before its tracking began changed meanwhile (`DEL`, `FLUSHALL`).
                 if let Some(key) = self.pending.pop_front() {
                     if n == 0 {
-                        invalidation::forget(&key);
+                        invalidation::gone(&key);
                     }
                 }
             }

@@ -1,0 +1,507 @@
+//! Reservations (`lease=`): units one worker took from Redis in advance for one key, spent on
+//! that key's requests without asking Redis until they run out or their time is up; what is left
+//! then goes back to Redis. Pure bookkeeping: the handler asks "admit locally?" and "how many to
+//! ask for?", and sends what [`Leases::sweep`] and [`Leases::drain`] hand back.
+//!
+//! Redis records reserved units as used until the latest instant they may be spent (the script's
+//! time plus the reservation's life), so the limit holds whoever spends them and when: see
+//! `lua/decide.lua`. This side must only never spend a unit after that instant. It measures the
+//! life from the moment the request that asked was *started* (before Redis ran the script), on the
+//! worker's monotonic clock, and stops [`margin_ms`] early: nginx's cached clock can lag the real
+//! one by an event-loop iteration, and two machines' clocks may run at slightly different rates.
+
+use std::collections::HashMap;
+
+/// How many units a zone asks for: `auto` sizes them from the demand this worker sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseSize {
+    Auto,
+    Fixed(u64),
+}
+
+/// `lease=` and `lease_time=` of a zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConf {
+    pub size: LeaseSize,
+    pub time_ms: u64,
+}
+
+/// `lease_time`'s default: long enough that a key busy at tens of requests a second asks Redis a
+/// few times a second at most, short enough that a worker killed while holding units leaves them
+/// unusable for one second only, and that a unit reserved and spent late stays counted in a
+/// minute's window less than 2 % longer than it had to.
+pub const DEFAULT_LEASE_MS: u64 = 1000;
+
+impl LeaseConf {
+    /// The life asked for, for a window of `window_ms`: `lease_time`, at most a quarter of the
+    /// window, so that reserved units never hold a short window for most of its length.
+    pub fn life_ms(&self, window_ms: u64) -> u64 {
+        self.time_ms.min(window_ms / 4)
+    }
+}
+
+/// How much earlier than Redis's end of a reservation this worker stops spending it.
+pub fn margin_ms(life_ms: u64) -> u64 {
+    (life_ms / 50).max(10)
+}
+
+/// What Redis granted with a decision: `units` recorded as used until `life_ms` after the
+/// script ran; `token` names them for a give-back (`lua/decide.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    pub units: u64,
+    pub life_ms: u64,
+    pub token: u64,
+}
+
+/// Units to return to Redis: a `G` decision of `lua/decide.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GiveBack {
+    pub zone: usize,
+    /// The whole Redis key.
+    pub key: Vec<u8>,
+    pub units: u64,
+    /// Names the unspent units: for the log the first unspent member, else the grant's token.
+    pub token: u64,
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
+/// The figures a request decides a zone with; a reservation serves only requests with the same
+/// limit and window (they may come from variables: a plan change must ask Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figures {
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
+/// A reservation being spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    grant: Grant,
+    spent: u64,
+    /// Monotonic ms after which no unit may be spent.
+    until: u64,
+    figures: Figures,
+    /// What the zone admitted besides the reservation when it was granted, and when its
+    /// reset was due: the headers of requests admitted from it.
+    remaining: u64,
+    reset_at: u64,
+}
+
+impl Held {
+    fn left(&self) -> u64 {
+        self.grant.units - self.spent
+    }
+
+    fn give_back(&self, zone: usize, key: &[u8], algorithm_is_log: bool) -> Option<GiveBack> {
+        (self.left() > 0).then(|| GiveBack {
+            zone,
+            key: key.to_vec(),
+            units: self.left(),
+            // The log's reserved members are consecutive from the token; the spent ones first.
+            token: if algorithm_is_log { self.grant.token + self.spent } else { self.grant.token },
+            limit: self.figures.limit,
+            window_ms: self.figures.window_ms,
+        })
+    }
+}
+
+/// What this worker knows of one key of one zone.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    held: Option<Held>,
+    /// Units asked for in the current measuring interval, which started at `from` and lasts
+    /// `interval` (the reservation's life), and in the one before.
+    from: u64,
+    interval: u64,
+    now_units: u64,
+    last_units: u64,
+    /// The log's give-back names members: set for `sliding_log` zones.
+    log: bool,
+}
+
+impl Entry {
+    /// Rolls the demand counters forward to `now`.
+    fn roll(&mut self, now: u64) {
+        let elapsed = now.saturating_sub(self.from);
+        if elapsed >= 2 * self.interval {
+            (self.last_units, self.now_units, self.from) = (0, 0, now);
+        } else if elapsed >= self.interval {
+            (self.last_units, self.now_units) = (self.now_units, 0);
+            self.from += self.interval;
+        }
+    }
+
+    fn idle(&self, now: u64) -> bool {
+        self.held.is_none() && now.saturating_sub(self.from) >= 2 * self.interval
+    }
+}
+
+/// One zone of a request, as the table sees it.
+pub struct Ask<'a> {
+    pub zone: usize,
+    /// The parts of the whole Redis key.
+    pub key: [&'a [u8]; 4],
+    pub cost: u64,
+    pub figures: Figures,
+}
+
+/// A bounded table of (zone, key) → reservation and demand, per worker. Keys beyond the bound
+/// are decided exactly: nothing is evicted, so no reservation is dropped to make room.
+pub struct Leases {
+    /// The zone index's bytes followed by the key, so lookups borrow one flat string. SipHash
+    /// because keys come from clients.
+    map: HashMap<Box<[u8]>, Entry>,
+    capacity: usize,
+    scratch: Vec<u8>,
+}
+
+impl Leases {
+    pub fn new(capacity: usize) -> Self {
+        Leases { map: HashMap::new(), capacity: capacity.max(1), scratch: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn slot(&mut self, zone: usize, key: &[&[u8]]) -> &[u8] {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&zone.to_ne_bytes());
+        key.iter().for_each(|p| self.scratch.extend_from_slice(p));
+        &self.scratch
+    }
+
+    /// Spends `cost` units of each zone's reservation if every zone has them, and nothing
+    /// otherwise (a request is admitted by all its zones or goes to Redis). Returns, per zone,
+    /// the remaining units and the reset in ms for the headers.
+    pub fn try_spend(&mut self, asks: &[Ask<'_>], now: u64) -> Option<Vec<(u64, u64)>> {
+        for a in asks {
+            self.slot(a.zone, &a.key);
+            let h = self.map.get(self.scratch.as_slice())?.held.as_ref()?;
+            if h.left() < a.cost || now >= h.until || h.figures != a.figures {
+                return None;
+            }
+        }
+        let mut out = Vec::with_capacity(asks.len());
+        for a in asks {
+            self.slot(a.zone, &a.key);
+            let e = self.map.get_mut(self.scratch.as_slice())?;
+            e.roll(now);
+            e.now_units += a.cost;
+            let h = e.held.as_mut()?;
+            h.spent += a.cost;
+            out.push((h.remaining + h.left(), h.reset_at.saturating_sub(now)));
+            if h.left() == 0 {
+                e.held = None;
+            }
+        }
+        Some(out)
+    }
+
+    /// The units to ask Redis to reserve with a decision of this zone, and notes the demand.
+    /// `auto`: what this worker's requests of the key took over the last reservation's life,
+    /// nothing for a key seen once (a plain exact decision); at most the limit.
+    pub fn want(
+        &mut self,
+        ask: &Ask<'_>,
+        size: LeaseSize,
+        life_ms: u64,
+        log: bool,
+        now: u64,
+    ) -> u64 {
+        let interval = life_ms.max(1);
+        let full = self.map.len() >= self.capacity;
+        self.slot(ask.zone, &ask.key);
+        let e = match self.map.get_mut(self.scratch.as_slice()) {
+            Some(e) => e,
+            None if full => return 0,
+            None => {
+                let key: Box<[u8]> = self.scratch.as_slice().into();
+                let entry =
+                    Entry { held: None, from: now, interval, now_units: 0, last_units: 0, log };
+                self.map.entry(key).or_insert(entry)
+            }
+        };
+        e.interval = interval;
+        e.roll(now);
+        let seen = e.now_units.max(e.last_units);
+        e.now_units += ask.cost;
+        match size {
+            LeaseSize::Fixed(n) => n,
+            // Seen before: expect as much again over the next life.
+            LeaseSize::Auto if seen > 0 => seen.max(ask.cost).min(ask.figures.limit),
+            LeaseSize::Auto => 0,
+        }
+    }
+
+    /// Installs what Redis granted for a request started at `started` (monotonic ms), with the
+    /// zone's remaining (the grant excluded) and reset. A reservation still held for the key is
+    /// replaced, and returned for giving back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn granted(
+        &mut self,
+        ask: &Ask<'_>,
+        grant: Grant,
+        started: u64,
+        remaining: u64,
+        reset_ms: u64,
+        log: bool,
+    ) -> Option<GiveBack> {
+        if grant.units == 0 || grant.life_ms <= margin_ms(grant.life_ms) {
+            return None;
+        }
+        let full = self.map.len() >= self.capacity;
+        self.slot(ask.zone, &ask.key);
+        let key = self.scratch.clone();
+        if full && !self.map.contains_key(key.as_slice()) {
+            // Not kept: given back at once.
+            let held = held(grant, 0, ask.figures, remaining, started, reset_ms);
+            return held.give_back(ask.zone, &flat_key(&key), log);
+        }
+        let interval = grant.life_ms;
+        let e = self.map.entry(key.clone().into_boxed_slice()).or_insert(Entry {
+            held: None,
+            from: started,
+            interval,
+            now_units: 0,
+            last_units: 0,
+            log,
+        });
+        let old = e.held.replace(held(
+            grant,
+            margin_ms(grant.life_ms),
+            ask.figures,
+            remaining,
+            started,
+            reset_ms,
+        ));
+        old.and_then(|h| h.give_back(ask.zone, &flat_key(&key), log))
+    }
+
+    /// Reservations whose time is up give back what is left; keys idle for two lives are
+    /// forgotten.
+    pub fn sweep(&mut self, now: u64) -> Vec<GiveBack> {
+        let mut out = Vec::new();
+        self.map.retain(|k, e| {
+            if let Some(h) = e.held.filter(|h| now >= h.until) {
+                out.extend(h.give_back(zone_of(k), &flat_key(k), e.log));
+                e.held = None;
+            }
+            if e.idle(now) {
+                return false;
+            }
+            e.roll(now);
+            true
+        });
+        out
+    }
+
+    /// Every reservation's unspent units, the table emptied: at worker exit and reload.
+    pub fn drain(&mut self) -> Vec<GiveBack> {
+        let out = self
+            .map
+            .iter()
+            .filter_map(|(k, e)| e.held.and_then(|h| h.give_back(zone_of(k), &flat_key(k), e.log)))
+            .collect();
+        self.map.clear();
+        out
+    }
+
+    /// Redis says `key` (a whole Redis key) is gone (reset, `FLUSHALL`, expired): reservations
+    /// of it in any of `zones` zones are dropped, nothing given back.
+    pub fn revoke(&mut self, zones: usize, key: &[u8]) {
+        for zone in 0..zones {
+            self.slot(zone, &[key]);
+            if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
+                e.held = None;
+            }
+        }
+    }
+
+    /// Whether any zone holds a reservation of `key` (a whole Redis key).
+    pub fn holds(&mut self, zones: usize, key: &[u8]) -> bool {
+        (0..zones).any(|zone| {
+            self.slot(zone, &[key]);
+            self.map.get(self.scratch.as_slice()).is_some_and(|e| e.held.is_some())
+        })
+    }
+
+    /// Every reservation dropped (Redis's tracking lost: a reset could go unheard).
+    pub fn revoke_all(&mut self) {
+        self.map.values_mut().for_each(|e| e.held = None);
+    }
+}
+
+fn held(
+    grant: Grant,
+    margin: u64,
+    figures: Figures,
+    remaining: u64,
+    started: u64,
+    reset_ms: u64,
+) -> Held {
+    Held {
+        grant,
+        spent: 0,
+        until: started + grant.life_ms.saturating_sub(margin),
+        figures,
+        remaining,
+        reset_at: started + reset_ms,
+    }
+}
+
+const ZONE_LEN: usize = core::mem::size_of::<usize>();
+
+fn zone_of(slot: &[u8]) -> usize {
+    let mut b = [0u8; ZONE_LEN];
+    b.copy_from_slice(&slot[..ZONE_LEN]);
+    usize::from_ne_bytes(b)
+}
+
+fn flat_key(slot: &[u8]) -> Vec<u8> {
+    slot[ZONE_LEN..].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: Figures = Figures { limit: 100, window_ms: 60_000 };
+
+    fn ask(key: &[u8], cost: u64) -> Ask<'_> {
+        Ask { zone: 0, key: [b"rl:", b"api", b":", key], cost, figures: F }
+    }
+
+    fn grant(units: u64) -> Grant {
+        Grant { units, life_ms: 1000, token: 500 }
+    }
+
+    #[test]
+    fn life_is_lease_time_at_most_a_quarter_of_the_window() {
+        let c = LeaseConf { size: LeaseSize::Auto, time_ms: 1000 };
+        assert_eq!(c.life_ms(60_000), 1000);
+        assert_eq!(c.life_ms(2000), 500);
+        assert_eq!(margin_ms(1000), 20);
+        assert_eq!(margin_ms(100), 10);
+    }
+
+    #[test]
+    fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
+        let mut l = Leases::new(10);
+        let a = ask(b"k", 1);
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 0), 0);
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 10), 1);
+        for t in 11..40 {
+            l.want(&a, LeaseSize::Auto, 1000, false, t);
+        }
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 50), 31);
+        // The next life still asks for what the last one took.
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 1100), 32);
+        // Never more than the limit; a key quiet for two lives starts over.
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 5000), 0);
+        let big = Ask { cost: 500, ..ask(b"k", 500) };
+        l.want(&big, LeaseSize::Auto, 1000, false, 5001);
+        assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5002), 100);
+        assert_eq!(l.want(&a, LeaseSize::Fixed(7), 1000, false, 5003), 7);
+    }
+
+    #[test]
+    fn spends_locally_until_spent_or_expired_with_the_margin() {
+        let mut l = Leases::new(10);
+        let a = ask(b"k", 2);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 0), None);
+        assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false), None);
+        assert_eq!(l.try_spend(&[ask(b"k", 2)], 150), Some(vec![(43, 2950)]));
+        assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), Some(vec![(41, 2900)]));
+        // One left: a request of two goes to Redis, one of one spends it.
+        assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), None);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), Some(vec![(40, 2900)]));
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+        // Expiry: life 1000 from the start at 100, less a 20 ms margin.
+        l.granted(&a, grant(5), 1000, 40, 0, false);
+        assert!(l.try_spend(&[ask(b"k", 1)], 1979).is_some());
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 1980), None);
+    }
+
+    #[test]
+    fn a_request_spends_from_every_zone_or_from_none() {
+        let mut l = Leases::new(10);
+        let b = Ask { zone: 1, ..ask(b"k", 1) };
+        l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
+        assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
+        l.granted(&b, grant(1), 0, 0, 0, false);
+        assert!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10).is_some());
+        // Zone 1 is spent: zone 0 keeps its two.
+        assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
+        assert_eq!(l.drain().iter().map(|g| g.units).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn other_figures_are_not_served_from_a_reservation() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
+        let other = Ask { figures: Figures { limit: 50, window_ms: 60_000 }, ..ask(b"k", 1) };
+        assert_eq!(l.try_spend(&[other], 10), None);
+    }
+
+    #[test]
+    fn what_is_left_goes_back_at_expiry_replacement_and_drain() {
+        let mut l = Leases::new(10);
+        let a = ask(b"k", 1);
+        l.granted(&a, grant(5), 0, 0, 0, true);
+        l.try_spend(&[ask(b"k", 1)], 10).unwrap();
+        l.try_spend(&[ask(b"k", 1)], 10).unwrap();
+        assert_eq!(l.sweep(500), vec![]);
+        let back = l.sweep(980);
+        // The log names the unspent members: the token plus the two spent.
+        assert_eq!(
+            back,
+            vec![GiveBack {
+                zone: 0,
+                key: b"rl:api:k".to_vec(),
+                units: 3,
+                token: 502,
+                limit: 100,
+                window_ms: 60_000
+            }]
+        );
+        assert_eq!(l.sweep(990), vec![]);
+        l.granted(&a, grant(4), 1000, 0, 0, false);
+        let old = l.granted(&a, grant(4), 1100, 0, 0, false).unwrap();
+        assert_eq!((old.units, old.token), (4, 500));
+        assert_eq!(l.drain().len(), 1);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_reset_key_drops_its_reservations_without_giving_back() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        assert!(l.holds(3, b"rl:api:k"));
+        l.revoke(3, b"rl:api:k");
+        assert!(!l.holds(3, b"rl:api:k"));
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+        assert_eq!(l.drain(), vec![]);
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_new_keys_beyond_it_are_exact() {
+        let mut l = Leases::new(2);
+        l.want(&ask(b"a", 1), LeaseSize::Auto, 1000, false, 0);
+        l.want(&ask(b"b", 1), LeaseSize::Auto, 1000, false, 0);
+        assert_eq!(l.want(&ask(b"c", 1), LeaseSize::Fixed(9), 1000, false, 0), 0);
+        // A grant for a key that found no room goes straight back.
+        let back = l.granted(&ask(b"c", 1), grant(5), 0, 0, 0, false).unwrap();
+        assert_eq!(back.units, 5);
+        assert_eq!(l.len(), 2);
+        // Idle keys leave after two lives, making room.
+        assert_eq!(l.sweep(2000), vec![]);
+        assert!(l.is_empty());
+    }
+}
