@@ -16,21 +16,24 @@
 # as well: that is the audit's own validation.  The lease-only assertions
 # (units were held when the worker died, before the reload) are skipped then.
 #
-# Decision times: nginx's $msec is taken in the log phase, after the decision.
-# Each admission is placed in [start, $msec + SLACK]: start = $msec minus
-# $request_time is when the request's first bytes were read, before any
-# decision about it (exact: both are the worker's cached clock at ms
-# resolution); SLACK covers the other way, a decision made after the log's
-# clock reading: Redis' TIME for a reply the worker reads later in the event
-# loop iteration whose start set its cached clock (at most that iteration's
-# run so far: 10 ms is a generous bound on a loaded machine, 0.5 % of the
-# window).  With $ratelimit_time (the decision's own instant) the interval
-# shrinks to [t - S, t + S] with S = TEST_RL_AUDIT_SLACK_MS (default 0), except
-# for exact decisions on Redis' clock, whose instant (the script's TIME) the
-# gateway does not learn.  The audit flags only admissions certainly inside
-# one window, so a wider interval can hide an overshoot of at most its width,
-# never invent one; and with the keys hammered to their limit it is sharp:
-# one unit less of limit and every hammered key fails (checked).
+# Decision times.  Each admission is placed in an interval its decision
+# certainly lies in, and the audit flags only admissions certainly inside one
+# window: a wider interval can hide an overshoot of at most its width, never
+# invent one.  With the keys hammered to their limit the audit is sharp: one
+# unit less of limit and every hammered key fails (checked, exact mode).
+# - $msec (the log phase) trails the decision.  [start, $msec + SLACK]:
+#   start = $msec - $request_time is when the request's first bytes were read,
+#   before any decision about it (exact: both are the worker's cached clock,
+#   in ms).  SLACK covers the other way: Redis' TIME for a reply the worker
+#   reads later in the event loop iteration that set its cached clock, at
+#   most that iteration's run so far; 10 ms is generous on a loaded machine
+#   (0.5 % of the window).
+# - $ratelimit_time (the module's: when the decision was asked for, or made
+#   from the worker's memory) ends the guesswork for admissions from a
+#   reservation (PASSED_LEASE): [t - S, t + S], S = TEST_RL_AUDIT_SLACK_MS,
+#   default 0.  An exact decision (PASSED) is the script's, at the clock it
+#   was sent or Redis' TIME a little later: [t, $msec + SLACK].  Every t must
+#   lie within its request's life, [start, $msec] (checked).
 use lib 't/lib';
 use RLTest;
 use RLTest::Audit qw(check parse_log admissions_by_key log_format summary to_ms);
@@ -41,9 +44,10 @@ use POSIX ();
 # --- Knobs, each in one place.
 # The reservation parameters every zone gets (TEST_RL_LEASE=off: exact mode).
 my $LEASE = $ENV{TEST_RL_LEASE} // 'lease=auto lease_time=1s';
-# The decision-time variable of the log: '$ratelimit_time' once the module sets it.
-my $TIME_VAR = '$msec';
-# ms a decision may come after the log's $msec (see above); only with $msec.
+# The decision-time variable of the log: 'auto' is $ratelimit_time where the
+# module has it (nginx -t is asked), else $msec.
+my $TIME_VAR = $ENV{TEST_RL_TIME_VAR} // 'auto';
+# ms a decision may come after the log's $msec (see above).
 my $MSEC_SLACK = 10;
 # How long the main phase hammers (s).
 my $SECS = $ENV{TEST_RL_AUDIT_SECS} || 10;
@@ -235,8 +239,14 @@ if ($LEASE ne 'off') {
     $NO_LEASE = 'lease= refused by nginx -t (' . ($out =~ /(invalid parameter "[^"]*")/ ? $1 : $out) . ')';
 }
 $LEASE = '' unless $LEASES;
+if ($TIME_VAR eq 'auto') {
+    my ($rc) = nginx_t(http_config => "    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n"
+        . "    log_format probe \"\$ratelimit_time\";\n", config => '');
+    $TIME_VAR = $rc == 0 ? '$ratelimit_time' : '$msec';
+}
 my $LEASE_MS = !$LEASES ? 0 : $LEASE =~ /lease_time=(\d+)ms\b/ ? $1 : $LEASE =~ /lease_time=(\d+)s?\b/ ? 1000 * $1 : 1000;
-Test::More::diag($LEASES ? "lease mode: every zone has '$LEASE'" : "$NO_LEASE; the lease-only checks are skipped");
+Test::More::diag(($LEASES ? "lease mode: every zone has '$LEASE'" : "$NO_LEASE; the lease-only checks are skipped")
+    . "; decision times from $TIME_VAR");
 
 my $http = "    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=2s;\n"
     . join('', map { "    ratelimit_zone $_ key=\$arg_k $ZONE{$_}[0] $LEASE;\n" } @ZONES)
@@ -256,17 +266,13 @@ is(scalar(map { $_->worker_pids } @gw), 4, 'two gateways of two workers');
 
 # The decision's interval for a log record (see the top).
 my $AUDIT_SLACK = $ENV{TEST_RL_AUDIT_SLACK_MS} // 0;
-my %CLOCK = map { $_ => (($ZONE{$_} ? $ZONE{$_}[0] : $HOLD{$_}) =~ /clock=nginx/ ? 'nginx' : 'redis') } @ZONES, @HOLD;
 sub interval {
     my ($r) = @_;
     return unless defined $r->{request_time};
     my ($start, $hi) = ($r->{msec} - $r->{request_time}, $r->{msec} + $MSEC_SLACK);
     return ($start, $hi) if $TIME_VAR eq '$msec';
-    # The decision's own time; but the instant of an exact decision on Redis'
-    # clock is the script's TIME, which the gateway does not learn: that one
-    # keeps the bounds of $msec.
-    return ($start, $hi) if $r->{rl_status} eq 'PASSED' && $CLOCK{ $r->{zone} } eq 'redis';
     return unless defined $r->{time};
+    return ($r->{time}, $hi) if $r->{rl_status} eq 'PASSED';
     return ($r->{time} - $AUDIT_SLACK, $r->{time} + $AUDIT_SLACK);
 }
 
@@ -329,16 +335,25 @@ sub hammer {
 }
 
 # One request per key every $PACE seconds at the earliest after the previous
-# round (never catching up in a burst), gateways alternating.
+# round (never catching up in a burst), gateways alternating.  Requests that
+# got no answer are written to $file, one line each.
 sub paced {
-    my ($secs, @paths) = @_;
+    my ($secs, $file, @paths) = @_;
     return spawn('paced client', sub {
+        open my $err, '>', $file or die "$file: $!";
+        $err->autoflush(1);
         my ($end, $last, $i) = (time + $secs, 0, 0);
         while (time < $end) {
             my $wait = $last + $PACE - time;
             sleep $wait if $wait > 0;
             $last = time;
-            http_request(port => $gw[$i++ % 2]->port, request => "GET $_", timeout => 5) for @paths;
+            for my $path (@paths) {
+                my $port = $gw[$i++ % 2]->port;
+                my $t = time;
+                my $r = http_request(port => $port, request => "GET $path", timeout => 5);
+                printf $err "%.3f +%.3f s port %d GET %s: %s\n", $t, time - $t, $port, $path, $r->{error}
+                    if $r->{error};
+            }
         }
     });
 }
@@ -352,6 +367,7 @@ sub phase_paths {
 }
 
 my %credited;    # "zone key" => units credited to a balance
+my %unanswered;  # phase => paced requests that got no answer
 sub credit {
     my ($zone, $key, $n) = @_;
     redis_cmd('INCRBY', "rl:$zone:$key", $n);
@@ -363,10 +379,22 @@ sub run_phase {
     my ($h, $paced) = phase_paths($p);
     credit(credit => "${p}$_", 300) for qw(h1 h2 h3 p);
     my $t0 = time;
-    my @pids = (hammer($secs, @$h), paced($secs, @$paced));
+    my $file = "$dir/paced-$p.errors";
+    my @pids = (hammer($secs, @$h), paced($secs, $file, @$paced));
     $during->($t0) if $during;
     reap(@pids);
+    my @lost = do { open my $fh, '<', $file or die "$file: $!"; <$fh> };
+    note("$p: paced request without an answer: $_") for @lost;
+    $unanswered{$p} = scalar @lost;
     return time - $t0;
+}
+
+# The first distinct error lines of the gateways' logs, for a diagnosis.
+sub first_errors {
+    my %seen;
+    my @e = grep { !$seen{$_}++ } map { /\[error\] \d+#\d+: (?:\*\d+ )?([^,]*)/ ? $1 : () }
+        map { split /\n/, $_->error_log_text } @gw;
+    return @e[0 .. ($#e < 2 ? $#e : 2)];
 }
 
 # Audit the keys of a phase (all phases with undef): every zone's keys against
@@ -374,7 +402,7 @@ sub run_phase {
 my %totals;
 sub audit_phase {
     my ($p, $tag, %o) = @_;
-    my (%adm, %st, @odd);
+    my (%adm, %st, @odd, @astray);
     for my $r (@{ records() }) {
         next unless $ZONE{ $r->{zone} } && (!defined $p || $r->{key} =~ /^\Q$p\E[hp]/);
         my $s = $st{ $r->{zone} }{ $r->{key} } ||= { passed => 0, rejected => 0, failed => 0 };
@@ -385,6 +413,13 @@ sub audit_phase {
         }
         $s->{rejected}++ if $r->{rl_status} =~ /^REJECTED/;
         $s->{failed}++ if $r->{rl_status} =~ /^FAILED/;
+        push @astray, $r if $TIME_VAR ne '$msec' && $r->{rl_status} ne 'SKIPPED' && !(defined $r->{time}
+            && $r->{time} >= $r->{msec} - ($r->{request_time} // 0) && $r->{time} <= $r->{msec});
+    }
+    if ($TIME_VAR ne '$msec') {
+        is(scalar @astray, 0, "$tag: every decision's $TIME_VAR lies within its request's life")
+            or diag(explain([map { "@$_{qw(time msec request_time status rl_status zone key)}" }
+                @astray[0 .. ($#astray < 4 ? $#astray : 4)]]));
     }
     is(scalar @odd, 0, "$tag: every 200 was admitted by the limiter (PASSED or PASSED_LEASE)")
         or diag(explain([map { "@$_{qw(status rl_status zone key)}" } @odd[0 .. ($#odd < 4 ? $#odd : 4)]]));
@@ -424,6 +459,13 @@ sub audit_phase {
         }
     }
     return unless defined $p;
+    my %by_status;
+    for my $z (values %st) { for my $k (values %$z) { $by_status{$_} += $k->{$_} for keys %$k } }
+    note("$tag: requests " . join ', ', map { "$_ $by_status{$_}" } sort keys %by_status);
+    if ($o{no_failures}) {
+        # Redis is up all along: every request is decided.
+        is($by_status{failed}, 0, "$tag: no decision failed") or diag(join "\n", first_errors());
+    }
     for my $z (@ZONES) {
         # The paced key: admitted, against what the limiter decided (a failure
         # while Redis is down is not the limiter's choice).
@@ -455,8 +497,9 @@ my $took = run_phase('m', $SECS, sub {
         credit(credit => "mh$_", 50) for 1 .. 3;
     }
 });
-my $n = audit_phase('m', sprintf('main (%.1f s)', $took), sharp => 1);
+my $n = audit_phase('m', sprintf('main (%.1f s)', $took), sharp => 1, no_failures => 1);
 note("main: $n requests logged") if $n;
+is($unanswered{m}, 0, 'main: every paced request was answered');
 
 # =====================================================================
 # 5. Redis restarted in the middle, ratelimit_fail closed.  Redis saves its
@@ -477,6 +520,7 @@ $took = run_phase('r', 8, sub {
 $n = audit_phase('r', sprintf('redis restart (%.1f s)', $took));
 my $failed = grep { $_->{key} =~ /^r[hp]/ && $_->{rl_status} eq 'FAILED_CLOSED' } @{ records() };
 note("redis restart: $n requests logged, $failed failed closed while it was down");
+is($unanswered{r}, 0, 'redis restart: every paced request was answered (failing closed when it must)');
 
 # =====================================================================
 # 6. A worker SIGKILLed while it holds reservations: nothing over the limit,
@@ -512,7 +556,7 @@ SKIP: {
 }
 like($admin, qr/"remaining":$LIMIT,/, sprintf('kill: %.2f s (window + lease_time) after the kill, '
     . 'the warm key has its whole limit again (admin GET)', $LAPSE)) or diag($admin);
-$n = audit_phase('k', sprintf('worker killed (%.1f s)', $took));
+$n = audit_phase('k', sprintf('worker killed (%.1f s)', $took), no_failures => 1);
 {
     my @st;
     my $c = http_request(port => $gw[1]->port, request => 'GET /log?k=kw&c=1', keepalive => 1);
