@@ -49,7 +49,8 @@ my $LEASE = $ENV{TEST_RL_LEASE} // 'lease=auto lease_time=1s';
 my $TIME_VAR = $ENV{TEST_RL_TIME_VAR} // 'auto';
 # ms a decision may come after the log's $msec (see above).
 my $MSEC_SLACK = 10;
-# How long the main phase hammers (s).
+# How long the main phase hammers (s).  TEST_RL_NO_WRK=1 hammers with forked
+# Perl clients even where wrk is installed (they are slower, the checks the same).
 my $SECS = $ENV{TEST_RL_AUDIT_SECS} || 10;
 
 my $T_START = time;
