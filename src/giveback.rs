@@ -19,6 +19,7 @@ use crate::conf::MainConf;
 use crate::handler::{follow, submit, Follow, Retries};
 use crate::lease::GiveBack;
 use crate::metrics::LeaseEvent;
+use crate::quota::Period;
 use crate::redis::pool::{Waiter, WorkerPool};
 use crate::redis::resp::Reply;
 use crate::script::EncodedArgs;
@@ -87,8 +88,11 @@ struct Returning {
 /// Sends each give-back as a decision of its own; replies are not waited for by anyone.
 pub fn send(mcf: &MainConf, back: Vec<GiveBack>) {
     let Some(redis) = mcf.redis.as_ref() else { return };
-    for g in back {
-        let algorithm = mcf.zones[g.zone].algorithm;
+    for mut g in back {
+        let zone = &mcf.zones[g.zone];
+        // A calendar quota's window field is its period, as in its decisions.
+        g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
+        let algorithm = zone.algorithm;
         let r = Box::into_raw(Box::new(Returning {
             zone: g.zone,
             units: g.units,
