@@ -74,6 +74,23 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     }
 }
 
+std::thread_local! {
+    /// Give-backs on their way, for `exit`: a worker stopped at once (`nginx -s stop`) does not
+    /// wait for their replies. A worker is one thread.
+    static IN_FLIGHT: core::cell::RefCell<Vec<NonNull<Returning>>> =
+        const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// At worker exit, after the pool has closed its connections: frees the give-backs still on
+/// their way (their events are never run again).
+pub fn exit() {
+    for r in IN_FLIGHT.with(|f| core::mem::take(&mut *f.borrow_mut())) {
+        // SAFETY: registered by `send`, not freed yet (`finish` unregisters), and nothing runs
+        // its event any more.
+        drop(unsafe { Box::from_raw(r.as_ptr()) });
+    }
+}
+
 /// One give-back on its way.
 struct Returning {
     zone: usize,
@@ -116,6 +133,7 @@ pub fn send(mcf: &MainConf, back: Vec<GiveBack>) {
                 continue;
             }
             ngx_add_timer(&mut ret.ev, redis.timeout);
+            IN_FLIGHT.with(|f| f.borrow_mut().push(NonNull::new_unchecked(r)));
         }
     }
 }
@@ -152,5 +170,6 @@ unsafe fn finish(r: NonNull<Returning>) {
     if ret.ev.posted() != 0 {
         ngx_delete_posted_event(&mut ret.ev);
     }
+    IN_FLIGHT.with(|f| f.borrow_mut().retain(|&p| p != r));
     drop(Box::from_raw(r.as_ptr()));
 }
