@@ -36,7 +36,8 @@ struct Sweep {
 
 static mut SWEEP: Option<Sweep> = None;
 
-/// Starts the sweep timer if it is not running: a reservation was just granted.
+/// Starts the sweep timer if it is not running: a reservation was just granted, or a key's
+/// demand is being counted.
 pub fn arm(mcf: &MainConf) {
     // SAFETY: a worker is one thread; the event is this module's own and `SWEEP` lives as long
     // as the process. The configuration outlives the worker's use of it.
