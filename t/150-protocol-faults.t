@@ -352,7 +352,10 @@ for my $err (qw(BUSY LOADING READONLY OOM WRONGTYPE NOAUTH)) {
         # Under valgrind the breaker's probes outlast the requests, and each outage they see
         # after a recovery is logged anew.
         skip 'under valgrind the outage spans several probes', 3 if $ENV{TEST_NGINX_VALGRIND};
-        cmp_ok($outage, '<=', 1, "$l: the outage is logged at most once");
+        # Once, or on a machine so loaded that the 8 requests took seconds, once a second: a
+        # breaker probe that meets the error again after a request got through starts a new
+        # outage (seen under prove -j2 beside the benchmarks: 2 lines in 1.3 s).
+        cmp_ok($outage, '<=', 1 + int($spent), "$l: the outage is logged at most once a second");
         cmp_ok($requests, '<=', 1 + int($spent),
             "$l: failed requests logged at most once a second ($requests for 8)");
         cmp_ok(scalar @lines, '<=', 2 + int($spent), "$l: no log flood");
