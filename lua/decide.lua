@@ -22,12 +22,59 @@
 --                        cost to it; limit and burst are ignored
 --   "D" (reset, a decision of its own): deletes the key, whatever it holds; remaining is 1 if
 --                        there was one, else 0
+--   "G<letter>" (give-back, a decision of its own; letter l p c g q b): returns u = cost unused
+--                        units of a reservation (below); limit and window as in the reserve,
+--                        cost = u (1 to 10^9), burst = the reservation's token (decimal)
+-- Reservations (leases, issue 20): a zone that uses them sends its algorithm as
+-- "<letter>+<want>:<lease_ms>" (letter l p c g q b; never r, B, D), e.g. "c+50:1000"; want and
+-- lease_ms are decimal integers, want above 10^9 counts as 10^9, lease_ms above a year as a year.
+-- The decision for `cost` is taken exactly as for the plain letter. If it is allowed, the zone
+-- also gets g = min(want, floor(room / 4)) units (0 when room < 4), room being what the zone
+-- still admits after this cost (see each algorithm); if not, g = 0 and nothing is reserved.
+-- want 0 is an exact decision that still keeps the TTLs a reservation of the key needs.
+-- A holder may spend its g units until r + lease_ms, r the decision's clock. Per algorithm:
+--   l  the cost is logged at r as ever, the g units as members m0 .. m0+g-1 (integers from 2^52
+--      up, all new) scored r + L; PEXPIRE window + L. Why: a unit spent at a <= r + L is logged
+--      at s >= a, so it counts in every window (t - W, t] holding a (s > t - W); at the latest
+--      reservation r' <= t of those units all the others were written and not pruned (s > t - W
+--      >= r' - W), so it saw them all and kept used <= limit.
+--   p  the same: g entries of r + L in sorted position; SET PX window + L.
+--   c  cost and g go to the bucket of r + L (L capped at the window, so this or the next), or
+--      a later one the key already holds (a clock ahead). Moving to the next bucket stores
+--      (next, cost + g, current + the previous bucket's weighted share rounded up): read before
+--      the next bucket starts (age 255) it weighs fully, i.e. the estimate made now stays the
+--      estimate until then. Why: a unit counted in a bucket at or after the one it is spent in
+--      never weighs less than the audit (same formula by admission instant) weighs it, and
+--      weights only fall with time. PX: to the end of the bucket after the one written. The
+--      reset_ms of a reserve zone counts from now (a plain zone, from the start of a bucket
+--      ahead, as for a clock ahead).
+--   g  conformance is checked at r as ever; the g units are counted as arriving at r + L:
+--      TAT' = max(TAT after cost, r + L) + g*T, and g is at most the room: the units that
+--      still conform arriving at r + L (none when L >= burst*T). Why: every unit owns a slot
+--      [S, S + T) with S >= r + L >= a (spent no later than its slot) and S + T <= r + burst*T
+--      <= a + burst*T (checked at r <= a); slots never overlap, so the admissions in [s, t]
+--      fit in [s, t + burst*T]: at most burst + (t - s)/T of them.
+--   q  count += cost + g; the lease ends at the period's end at the latest (lease_ms answered
+--      = min(L, period end - r)). Why: a unit counted in a period is spent in that period.
+--   b  DECRBY cost + g, g <= (balance - cost)/4. Why: the balance never goes below zero.
+-- Give-backs write nothing when the reservation is gone (reset, expired, another period):
+--   Gl ZREM token .. token+u-1 (the holder sends m0 + units spent); Gp drops up to u entries of
+--   value token; Gc takes u from the count of bucket token (current, or previous once the key
+--   moved on), never below 0, KEEPTTL; Gq from the count if the key's period starts at token;
+--   Gb INCRBY u only if the key exists (a deleted balance was reset); Gg TAT -= u*T, only if the
+--   TAT is still exactly the one that reservation left (token, below): later units' slots
+--   may have been pushed behind the returned ones and must not move before their arrival (at or
+--   below now: DEL, else PX to the TAT). Returning units only removes what was counted for them.
+-- A give-back is always ok and is written whatever the other zones of its decision say (as B,
+-- D). Its reply: { 1, 1, remaining, 0 } (remaining 0 when unknown: g, a missing balance). Gl
+-- needs ZREM, the only command leases add.
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
 -- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
 -- still be told the AUTH failure rather than a protocol error.
 --
--- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }
+-- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
+-- sent a reserve field three more: granted, lease_ms, token
 --   ok        1 if the zone had room for this request's cost
 --   remaining units the zone still admits after this decision
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
@@ -35,6 +82,12 @@
 --             "q": always the ms to the period's end, when the whole limit is back
 --             "b": always 0, only an operator refills a balance ("B": the same, remaining is
 --             the balance written)
+--   granted   g (0 when rejected or nothing granted); remaining excludes it
+--   lease_ms  the life granted (L; q: capped at the period's end; c: at the window), 0 if g = 0
+--   token     what a give-back sends back, 0 if g = 0: l m0, the first reserved member; p r + L;
+--             c the absolute index of the bucket written (that of r + L, or the later one the
+--             key held); q the period's start in ms; b 0; g (TAT ms mod 2^22) * limit + TAT
+--             remainder + 1, the TAT this reservation left, exactly (< 2^52)
 -- or an error for that decision alone (bad arguments, a key holding other data or figures out of
 -- range). Every value read is checked before anything is written, so a decision that fails
 -- writes nothing, and the decisions before and after it in the call stand.
@@ -45,7 +98,8 @@
 -- the window at most a year (< 2^35 ms), so products such as limit * window may not fit and go
 -- through muldiv. GCRA also needs burst * window / limit < 2^52 ms (its state is a time).
 
-local floor, ceil, max, tonumber, format = math.floor, math.ceil, math.max, tonumber, string.format
+local floor, ceil, max, min, tonumber, format =
+  math.floor, math.ceil, math.max, math.min, tonumber, string.format
 local pcall_redis, call = redis.pcall, redis.call
 local pack, unpack_struct = struct.pack, struct.unpack
 
@@ -57,6 +111,14 @@ local MAX_TIME = 2 ^ 48
 -- INCRBY by at most 10^9 can never overflow it.
 local BALANCE_PATTERN = '^%-?%d+$'
 local MAX_BALANCE_LEN = 16
+-- Reservations: the reserve field, and the caps of want (units) and lease_ms (a year).
+local RESERVE_PATTERN = '^([lpcgqb])%+(%d+):(%d+)$'
+local MAX_UNITS, MAX_LEASE = 1000000000, 365 * 86400000
+-- sliding_log: reserved members start here, above the µs-clock members of admissions (below 2^52
+-- until the year 2112), so that a reservation never makes an admission look for a free member.
+local RESERVED_MEMBERS = 2 ^ 52
+-- gcra: a reservation's token holds the TAT it left as (ms mod 2^22) * limit + r + 1 (< 2^52).
+local TAT_TOKEN_MOD = 4194304
 
 -- An error for one decision about one key, short enough for any client's reply-line limit
 -- whatever the key's length.
@@ -168,6 +230,7 @@ end
 --   gcra             s1 ms, s2 r (the TAT), s3 ms, s4 r (the TAT after this request)
 --   calendar quota   s1 count, s2 period start, s3 period end
 --   balance          s1 balance (a missing key: its default), s2 true if the key is missing
+--   give-back        s4 the value (GET), Gl: s1 the set's size, Gg: s1 ms, s2 r (the TAT)
 local s1, s2, s3, s4, s5, zone_ok = {}, {}, {}, {}, {}, {}
 
 local replies, ndecisions = {}, 0
@@ -211,6 +274,23 @@ repeat
       local key, alg = KEYS[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
+      -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
+      local held = alg
+      if alg and #alg > 1 then
+        -- A reserve field (checked here; the second pass reads it again) or a give-back, which
+        -- keeps its two letters as `alg`. Anything else is refused as "?".
+        if #alg == 2 then
+          held = string.match(alg, '^G([lpcgqb])$')
+          if not (held and burst and cost and string.match(ARGV[p + 4], '^%d+$')
+              and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
+              and (held ~= 'q' or w and w % 10 >= 1 and w % 10 <= 4 and w >= 10 and w < 28800)) then
+            alg = '?'
+          end
+        else
+          alg = string.match(alg, RESERVE_PATTERN) or '?'
+          held = alg
+        end
+      end
       if alg == 'r' then
         -- The log does not burst: that field carries the member, a string that must not be empty.
         burst = ARGV[p + 4] ~= '' and 0 or nil
@@ -218,10 +298,16 @@ repeat
       for j = 1, i - 1 do
         -- Two zones of one decision on one key (exact keys) must count it alike, or one
         -- would write what the other cannot read.
-        if KEYS[k + j] == key and ARGV[a + 1 + 5 * (j - 1)] ~= alg then
-          result = redis.error_reply('ERR ratelimit: zones ' .. j .. ' and ' .. i
-            .. ' share a key with different algorithms')
-          break
+        if KEYS[k + j] == key then
+          local other = ARGV[a + 1 + 5 * (j - 1)]
+          if #other > 2 then
+            other = string.sub(other, 1, 1)
+          end
+          if other ~= alg then
+            result = redis.error_reply('ERR ratelimit: zones ' .. j .. ' and ' .. i
+              .. ' share a key with different algorithms')
+            break
+          end
         end
       end
       if result then
@@ -229,7 +315,7 @@ repeat
       end
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
           or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
-            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D')
+            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D' and #alg ~= 2)
           or (alg == 'B' and w ~= 1 and w ~= 2)
           or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
           or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
@@ -237,21 +323,21 @@ repeat
         break
       end
       local ok, v
-      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' then
+      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
           result = v
           break
         end
-        if v and not (alg == 'c' and #v == COUNTER_LEN or alg == 'g' and #v == GCRA_LEN
-            or alg == 'p' and #v % PACKED_LEN == 0 or alg == 'q' and #v == QUOTA_LEN
-            or (alg == 'b' or alg == 'B') and string.match(v, BALANCE_PATTERN)) then
+        if v and not (held == 'c' and #v == COUNTER_LEN or held == 'g' and #v == GCRA_LEN
+            or held == 'p' and #v % PACKED_LEN == 0 or held == 'q' and #v == QUOTA_LEN
+            or (held == 'b' or held == 'B') and string.match(v, BALANCE_PATTERN)) then
           result = key_error('WRONGTYPE', key, 'holds other data')
           break
         end
         -- Only setting a balance may replace one too large to count with.
-        if v and (alg == 'b' or alg == 'B' and w == 2) and #v > MAX_BALANCE_LEN then
+        if v and (held == 'b' or alg == 'B' and w == 2) and #v > MAX_BALANCE_LEN then
           result = key_error('ERR', key, 'holds a balance out of range (15 digits at most)')
           break
         end
@@ -340,6 +426,25 @@ repeat
         ok = cost == 0 or balance >= cost
       elseif alg == 'B' or alg == 'D' then
         ok = true
+      elseif #alg == 2 then
+        -- A give-back: read here, written in the second pass.
+        if alg == 'Gl' then
+          local n = pcall_redis('ZCARD', key)
+          if type(n) == 'table' then
+            result = n
+            break
+          end
+          s1[i] = n
+        elseif alg == 'Gg' and v then
+          local ms, r = unpack_struct(GCRA_FORMAT, v)
+          if not (ms >= 0 and ms < MAX_TIME) then
+            result = key_error('WRONGTYPE', key, 'holds other data')
+            break
+          end
+          s1[i], s2[i] = ms, r
+        end
+        s4[i] = v
+        ok = true
       else
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
         local ms, r = now, 0
@@ -385,8 +490,22 @@ repeat
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       local ok, commit = zone_ok[i], allowed == 1 and cost > 0
       local remaining, reset
+      -- A reserve zone: want (nil for the others; 0 when nothing may be granted), and what it
+      -- is granted.
+      local want, lease, grant, token = nil, 0, 0, 0
+      if #alg > 2 then
+        local want_s, lease_s
+        alg, want_s, lease_s = string.match(alg, RESERVE_PATTERN)
+        want, lease = min(tonumber(want_s), MAX_UNITS), min(tonumber(lease_s), MAX_LEASE)
+        if allowed == 0 then
+          want = 0
+        end
+      end
       if alg == 'l' or alg == 'p' or alg == 'r' then
         local used, oldest, gone, v = s1[i], s2[i], s3[i], s4[i]
+        if want and want > 0 and limit - used - cost >= 4 then
+          grant = min(want, floor((limit - used - cost) / 4))
+        end
         if commit and alg == 'l' then
           -- Members are integers (compact listpack entries), unique thanks to ZADD NX: the
           -- decision's clock in µs plus one per further unit. A gateway clock is a whole ms
@@ -420,7 +539,9 @@ repeat
             added = added + call('ZADD', key, 'NX', now_s, format('%d', m))
             m = m + 1
           end
-          call('PEXPIRE', key, ARGV[p + 2])
+          if not want then
+            call('PEXPIRE', key, ARGV[p + 2])
+          end
           if not gateway_clock then
             seq = m - time_us
           end
@@ -444,6 +565,17 @@ repeat
             end
           end
           call('PEXPIRE', key, ARGV[p + 2])
+        elseif want and alg == 'p' and (commit or grant > 0) then
+          -- The cost at now, the reservation at now + lease, each after the entries not newer.
+          local t, last = now + lease, gone + used
+          local at = packed_upto(v, gone, last, now)
+          local at2 = packed_upto(v, at, last, t)
+          call('SET', key, string.sub(v, gone * PACKED_LEN + 1, at * PACKED_LEN)
+            .. string.rep(pack(PACKED_FORMAT, now), cost)
+            .. string.sub(v, at * PACKED_LEN + 1, at2 * PACKED_LEN)
+            .. string.rep(pack(PACKED_FORMAT, t), grant) .. string.sub(v, at2 * PACKED_LEN + 1),
+            'PX', format('%d', w + lease))
+          token = t
         elseif commit then
           -- After the entries not newer than now: the last ones, unless a gateway clock runs
           -- behind the others.
@@ -459,12 +591,63 @@ repeat
             call('SET', key, string.sub(v, gone * PACKED_LEN + 1), 'KEEPTTL')
           end
         end
+        if grant > 0 and alg == 'l' then
+          -- g new members m0 .. m0+g-1 scored now + lease: after the member of the entry scored
+          -- last (most often the last reservation's last member), else from 2^52 + the clock in
+          -- µs. ZADD NX first scores them -inf (no entry in the window has that score): all new,
+          -- they get their score; else they go and a further block is tried.
+          local m0 = RESERVED_MEMBERS + base_us
+          local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
+          if top and top >= m0 and top + 1 + grant < EXACT then
+            m0 = top + 1
+          end
+          local skip = grant
+          while true do
+            local added, j = 0, 0
+            while j < grant do
+              local args, n = {}, min(grant - j, ZADD_CHUNK)
+              for x = 1, n do
+                args[2 * x - 1] = '-inf'
+                args[2 * x] = format('%d', m0 + j + x - 1)
+              end
+              added = added + call('ZADD', key, 'NX', unpack(args))
+              j = j + n
+            end
+            if added == grant then
+              break
+            end
+            call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
+            m0, skip = m0 + skip, skip * 2
+          end
+          local score, j = format('%d', now + lease), 0
+          while j < grant do
+            local args, n = {}, min(grant - j, ZADD_CHUNK)
+            for x = 1, n do
+              args[2 * x - 1] = score
+              args[2 * x] = format('%d', m0 + j + x - 1)
+            end
+            call('ZADD', key, 'XX', unpack(args))
+            j = j + n
+          end
+          token = m0
+        end
+        if want and alg == 'l' and (commit or grant > 0) then
+          -- Entries scored up to now + lease count until now + lease + window.
+          call('PEXPIRE', key, format('%d', w + lease))
+        end
         if commit then
           -- The new entries are scored now: the oldest unless an older one is known to stay.
           if used == 0 or (oldest and now < oldest) then
             oldest = now
           end
           used = used + cost
+        end
+        if grant > 0 then
+          local t = now + lease
+          if used == 0 or (oldest and t < oldest) then
+            oldest = t
+          end
+          used = used + grant
         end
         remaining = max(0, limit - used)
         if cost > limit then
@@ -489,7 +672,26 @@ repeat
         end
       elseif alg == 'c' then
         local cur, prev, idx, elapsed, weighted = s1[i], s2[i], s3[i], s4[i], s5[i]
-        if commit then
+        -- For a reserve zone: ms until the bucket the key holds starts, when that is the next one.
+        local ahead = 0
+        if want then
+          local room = limit - weighted - cur - cost
+          if want > 0 and room >= 4 then
+            grant, lease = min(want, floor(room / 4)), min(lease, w)
+            if floor((now + lease) / w) > idx then
+              -- The next bucket: this one and the previous one's weighted share become its
+              -- previous count, read in full until it starts (age 255), then weighed.
+              idx, elapsed, prev, weighted, cur = idx + 1, 0, cur + weighted, cur + weighted, 0
+            end
+            token = idx
+          end
+          ahead = max(0, idx * w - now)
+          if commit or grant > 0 then
+            cur = cur + cost + grant
+            call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
+              format('%d', (idx + 2) * w - now))
+          end
+        elseif commit then
           cur = cur + cost
           -- The current count matters until the end of the next window, where it is the
           -- previous one.
@@ -519,23 +721,35 @@ repeat
         else
           reset = 0
         end
+        if reset > 0 then
+          -- Counted from the start of the bucket written: until then the estimate stays.
+          reset = reset + ahead
+        end
       elseif alg == 'q' then
         local count, stop = s1[i], s3[i]
-        if commit then
-          count = count + cost
+        if want and want > 0 and limit - count - cost >= 4 then
+          -- Spent in this period or not at all.
+          grant = min(want, floor((limit - count - cost) / 4))
+          lease, token = min(lease, stop - now), s2[i]
+        end
+        if commit or grant > 0 then
+          count = count + cost + grant
           call('SET', key, pack(QUOTA_FORMAT, s2[i], count), 'PX', format('%d', max(1, stop - now)))
         end
         remaining = max(0, limit - count)
         reset = max(0, stop - now)
       elseif alg == 'b' then
         local balance = s1[i]
-        if commit then
+        if want and want > 0 and balance - cost >= 4 then
+          grant = min(want, floor((balance - cost) / 4))
+        end
+        if commit or grant > 0 then
           -- DECRBY keeps a TTL the operator gave the credits; a default grant is written whole.
           if s2[i] then
-            balance = balance - cost
+            balance = balance - cost - grant
             call('SET', key, format('%d', balance))
           else
-            balance = call('DECRBY', key, format('%d', cost))
+            balance = call('DECRBY', key, format('%d', cost + grant))
           end
         end
         remaining = max(0, balance)
@@ -552,9 +766,126 @@ repeat
         reset = 0
       elseif alg == 'D' then
         remaining, reset = call('DEL', key), 0
+      elseif #alg == 2 then
+        -- A give-back of u units with its token; nothing is written if the reservation is gone.
+        local v, u, token_in = s4[i], cost, burst
+        remaining, reset = 0, 0
+        if alg == 'Gl' then
+          local removed, j = 0, 0
+          while j < u do
+            local args, n = {}, min(u - j, ZADD_CHUNK)
+            for x = 1, n do
+              args[x] = format('%d', token_in + j + x - 1)
+            end
+            removed = removed + call('ZREM', key, unpack(args))
+            j = j + n
+          end
+          -- Entries that have left the window but are not pruned yet still count here.
+          remaining = max(0, limit - s1[i] + removed)
+        elseif alg == 'Gp' then
+          remaining = limit
+          if v then
+            local n = #v / PACKED_LEN
+            local from = packed_upto(v, 0, n, token_in - 1)
+            local drop = min(u, packed_upto(v, from, n, token_in) - from)
+            if drop > 0 then
+              v = string.sub(v, 1, from * PACKED_LEN) .. string.sub(v, (from + drop) * PACKED_LEN + 1)
+              n = n - drop
+              if n == 0 then
+                call('DEL', key)
+              else
+                call('SET', key, v, 'KEEPTTL')
+              end
+            end
+            remaining = max(0, limit - n + packed_upto(v, 0, n, now - w))
+          end
+        elseif alg == 'Gc' then
+          remaining = limit
+          if v then
+            local st, c, pv = unpack_struct(COUNTER_FORMAT, v)
+            if st == token_in % 256 or st == (token_in + 1) % 256 then
+              if st == token_in % 256 then
+                c = max(0, c - u)
+              else
+                pv = max(0, pv - u)
+              end
+              call('SET', key, pack(COUNTER_FORMAT, st, c, pv), 'KEEPTTL')
+            end
+            -- The estimate now, as a decision reads it.
+            local idx = floor(now / w)
+            local elapsed, age, cur, prev = now - idx * w, (idx - st) % 256, 0, 0
+            if age == 0 then
+              cur, prev = c, pv
+            elseif age == 1 then
+              prev = c
+            elseif age == 255 then
+              elapsed, cur, prev = 0, c, pv
+            end
+            local q, r = muldiv(prev, w - elapsed, w)
+            remaining = max(0, limit - cur - q - (r > 0 and 1 or 0))
+          end
+        elseif alg == 'Gq' then
+          remaining = limit
+          if v then
+            local st, c = unpack_struct(QUOTA_FORMAT, v)
+            if st == token_in then
+              c = max(0, c - u)
+              call('SET', key, pack(QUOTA_FORMAT, st, c), 'KEEPTTL')
+            end
+            if st >= period_bounds(now, w) then
+              remaining = max(0, limit - c)
+            end
+          end
+        elseif alg == 'Gb' then
+          if v then
+            remaining = max(0, call('INCRBY', key, format('%d', u)))
+          end
+        else
+          -- Gg: only the TAT this reservation left, exactly: units taken after it may sit in
+          -- slots after the returned ones, and moving them earlier could put them before their
+          -- arrival (two holders: the second one's units would come too close).
+          local ms, r = s1[i], s2[i]
+          if v and r < limit and (ms % TAT_TOKEN_MOD) * limit + r + 1 == token_in then
+            local uq, ur = muldiv(u, w, limit)
+            ms, r = ms - uq, r - ur
+            if r < 0 then
+              ms, r = ms - 1, r + limit
+            end
+            if ms < now or ms == now and r == 0 then
+              call('DEL', key)
+            else
+              call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
+                format('%d', ms - now + (r > 0 and 1 or 0)))
+            end
+          end
+        end
       else
         local ms, r = s1[i], s2[i]
-        if commit then
+        if want and want > 0 then
+          -- The granted units arrive at now + lease (or behind this request's units): the room
+          -- is what still conforms from there, (now + burst*T - start) / T.
+          local sms, sr = s3[i], s4[i]
+          if sms < now + lease then
+            sms, sr = now + lease, 0
+          end
+          local bq, br = muldiv(burst, w, limit)
+          local ahead = now + bq - sms
+          if ahead >= 0 then
+            local q, rem = muldiv(limit, ahead, w)
+            local room = q + floor((rem + br - sr) / w)
+            if room >= 4 then
+              grant = min(want, floor(room / 4))
+              local gq, gr = muldiv(grant, w, limit)
+              sms, sr = sms + gq, sr + gr
+              if sr >= limit then
+                sms, sr = sms + 1, sr - limit
+              end
+              s3[i], s4[i] = sms, sr
+              token = (sms % TAT_TOKEN_MOD) * limit + sr + 1
+            end
+          end
+        end
+        if commit or grant > 0 then
           ms, r = s3[i], s4[i]
           call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
             format('%d', max(1, ms - now + (r > 0 and 1 or 0))))
@@ -588,6 +919,14 @@ repeat
       result[#result + 1] = ok and 1 or 0
       result[#result + 1] = remaining
       result[#result + 1] = reset
+      if want then
+        if grant == 0 then
+          lease, token = 0, 0
+        end
+        result[#result + 1] = grant
+        result[#result + 1] = lease
+        result[#result + 1] = token
+      end
     end
   until true
 

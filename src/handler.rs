@@ -436,6 +436,13 @@ unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     false
 }
 
+/// Redis answered the request's zones that asked for reservations.
+fn answered(ctx: &Ctx, mcf: &MainConf) {
+    if let Some(leases) = mcf.leases.borrow_mut().as_mut() {
+        ctx.zones.iter().filter(|z| z.lease.is_some()).for_each(|z| leases.answered(&z.ask()));
+    }
+}
+
 /// Keeps the units Redis reserved with an admitted decision, for the requests that follow.
 /// Reservations Redis does not track for this worker live briefly only, as remembered
 /// rejections do: a reset of the key would go unheard.
@@ -781,6 +788,9 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
     let Some(result) = ctx.waiter.result.take() else { return };
     let failure = match result.map(|reply| script::decode_reply(&reply, &ctx.args)) {
         Ok(Ok(mut d)) => {
+            if ctx.zones.iter().any(|z| z.lease.is_some()) {
+                answered(ctx, mcf);
+            }
             if !d.allowed && lcf.deny_cache() {
                 remember_rejection(ctx, mcf, &d);
             }

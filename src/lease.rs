@@ -119,6 +119,9 @@ struct Entry {
     last_units: u64,
     /// The log's give-back names members: set for `sliding_log` zones.
     log: bool,
+    /// A reservation was asked for and not answered yet: until then (or this time), the key's
+    /// other requests are decided exactly instead of each asking for one more reservation.
+    asking_until: u64,
 }
 
 impl Entry {
@@ -223,8 +226,15 @@ impl Leases {
             None if full => return 0,
             None => {
                 let key: Box<[u8]> = self.scratch.as_slice().into();
-                let entry =
-                    Entry { held: None, from: now, interval, now_units: 0, last_units: 0, log };
+                let entry = Entry {
+                    held: None,
+                    from: now,
+                    interval,
+                    now_units: 0,
+                    last_units: 0,
+                    log,
+                    asking_until: 0,
+                };
                 self.map.entry(key).or_insert(entry)
             }
         };
@@ -232,11 +242,27 @@ impl Leases {
         e.roll(now);
         let seen = e.now_units.max(e.last_units);
         e.now_units += ask.cost;
-        match size {
+        if now < e.asking_until {
+            return 0;
+        }
+        let want = match size {
             LeaseSize::Fixed(n) => n,
             // Seen before: expect as much again over the next life.
             LeaseSize::Auto if seen > 0 => seen.max(ask.cost).min(ask.figures.limit),
             LeaseSize::Auto => 0,
+        };
+        if want > 0 {
+            e.asking_until = now + interval;
+        }
+        want
+    }
+
+    /// Redis answered a decision that asked this zone's key for a reservation (granted or not):
+    /// the next request may ask again.
+    pub fn answered(&mut self, ask: &Ask<'_>) {
+        self.slot(ask.zone, &ask.key);
+        if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
+            e.asking_until = 0;
         }
     }
 
@@ -272,7 +298,9 @@ impl Leases {
             now_units: 0,
             last_units: 0,
             log,
+            asking_until: 0,
         });
+        e.asking_until = 0;
         let old = e.held.replace(held(
             grant,
             margin_ms(grant.life_ms),
@@ -397,17 +425,19 @@ mod tests {
         let a = ask(b"k", 1);
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 0), 0);
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 10), 1);
+        // While that is asked for, the key's other requests are decided exactly.
         for t in 11..40 {
-            l.want(&a, LeaseSize::Auto, 1000, false, t);
+            assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, t), 0);
         }
+        l.answered(&a);
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 50), 31);
-        // The next life still asks for what the last one took.
+        // Unanswered for a whole life: asked again. The next life asks for what the last took.
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 1100), 32);
         // Never more than the limit; a key quiet for two lives starts over.
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 5000), 0);
         let big = Ask { cost: 500, ..ask(b"k", 500) };
-        l.want(&big, LeaseSize::Auto, 1000, false, 5001);
-        assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5002), 100);
+        assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5001), 100);
+        l.answered(&a);
         assert_eq!(l.want(&a, LeaseSize::Fixed(7), 1000, false, 5003), 7);
     }
 
