@@ -116,7 +116,10 @@ def main():
     o.append(
         "`wrk -t%s -c%s -d%ss --latency`, %s round(s); in every round each workload runs A, B "
         "and C, the order rotated by one per round; before every run `FLUSHALL` and a %s s "
-        "warm-up with the same load (pools open, C's worker has seen each key's demand).\n"
+        "warm-up with the same load (pools open, C's worker has seen each key's demand). One "
+        "nginx serves the whole run, workloads in the order above, then the paced test: what C's "
+        "worker keeps between requests (its reservation table) carries over from one workload "
+        "to the next, as a long-running worker's would.\n"
         % (meta.get("threads"), meta.get("conns"), meta.get("duration"), meta.get("rounds"),
            meta.get("warmup")))
     o.append(
@@ -175,6 +178,23 @@ def main():
             sp = per_round(by, wl, "rps", ratio("c", "b"))
             o.append("C against B within each round: Redis CPU per request ×%s, script calls per "
                      "request ×%s, requests/s ×%s.\n" % (cell(rr, 2), cell(cr, 2), cell(sp, 2)))
+
+    bad = [r for r in rows if r["workload"] != "paced" and (r["non2xx"] or r["other_decisions"] or r["error_lines"])]
+    if bad:
+        o.append("**Runs with failed decisions** (non-2xx answers, decisions other than admitted, "
+                 "or error lines, where the limit is never reached: Redis answering later than the "
+                 "200 ms `timeout` on a loaded machine, so `ratelimit_fail closed` answered 503; "
+                 "these runs' figures include the fast 503s): %s.\n"
+                 % "; ".join("%s round %d %s: %d non-2xx, %d error lines" % (
+                     r["workload"], r["round"], LABEL.get(r["contender"], r["contender"]),
+                     r["non2xx"], r["error_lines"]) for r in bad))
+
+    idle_c = [r for r in rows if r["contender"] == "c" and r["lease_reserved"] == 0]
+    if idle_c:
+        o.append("**C reserved no unit at all** in %s: every decision of C there was an exact "
+                 "one (its worker asked for no reservation, or Redis granted none), so these rows "
+                 "measure exact decisions under `lease=auto`, not reservations.\n"
+                 % ", ".join("%s round %d" % (r["workload"], r["round"]) for r in idle_c))
 
     # --- targets ---
     o.append("## The issue's targets (1 worker)\n")
