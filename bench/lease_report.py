@@ -247,7 +247,12 @@ def main():
             "(same threads and connections) hammers %s ids far over their limit for %s s; a "
             "second after it starts, a paced client (perl HTTP::Tiny, one keep-alive "
             "connection, requests on a fixed schedule) sends %s requests/s of its own id for %s "
-            "s: half its limit, so every one should be admitted. Before the runs, the sanity "
+            "s: half its limit, so every one should be admitted. nginx is restarted for this "
+            "test, so that the paced key can enter the reservation table of C's worker (the "
+            "workloads above leave it with up to 10,000 keys, and a key that cannot be added is "
+            "decided exactly). *Paced from reservations*: the paced requests whose "
+            "`$ratelimit_status` (an `X-RL-Status` header on these locations) was `PASSED_LEASE`. "
+            "Before the runs, the sanity "
             "check sent %s requests of one id in a row to C's zone: %s admitted (B: exactly the "
             "limit).\n"
             % (meta.get("paced_limit"), meta.get("paced_window"), meta.get("busy_keys"),
@@ -255,15 +260,17 @@ def main():
                meta.get("paced_seconds"), int(meta.get("paced_limit", "0")) + 1,
                meta.get("sanity_pc_admitted", "?").split(" ")[0]))
         o.append("| contender | round | paced sent | admitted | rejected | other | admitted % | "
-                 "latest start ms | hammer req/s | hammer admitted | admitted locally | script calls/req |")
-        o.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 "paced from reservations | latest start ms | hammer req/s | hammer admitted | "
+                 "zone admitted locally | script calls/req |")
+        o.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in ("b", "c"):
             for k in sorted(paced.get(c, {})):
                 r = paced[c][k]
                 ham = r["admitted"] - r["paced_ok"]
-                o.append("| %s | %d | %d | %d | %d | %d | %s | %d | %s | %d | %s | %s |" % (
+                o.append("| %s | %d | %d | %d | %d | %d | %s | %d | %d | %s | %d | %s | %s |" % (
                     LABEL[c], k, r["paced_sent"], r["paced_ok"], r["paced_rejected"], r["paced_other"],
                     fmt(100.0 * r["paced_ok"] / r["paced_sent"], 1) if r["paced_sent"] else "–",
+                    r.get("paced_local", 0),
                     r["paced_late_ms"], fmt(r["rps"], 0), ham, fmt(100 * r["local"], 1) + "%",
                     fmt(r["calls"], 4)))
         o.append("")
