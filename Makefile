@@ -355,6 +355,7 @@ check-links: deps-docs
 test: deps-test
 	$(MAKE) check-links
 	$(MAKE) build
+	rm -f $(TEST_LOGS)/prove-*.why
 	rc=0
 	$(MAKE) test-unit || rc=1
 	$(MAKE) test-fuzz || rc=1
@@ -366,6 +367,8 @@ test: deps-test
 	else echo "==> skipping test-system: no $(SYS_SRC)/conf_flags (Debian's nginx-dev) and no apt-get to install it"; fi
 	if [ "$(TEST_VALGRIND)" = 1 ]; then $(MAKE) test-valgrind || rc=1
 	else echo "==> skipping test-valgrind (TEST_VALGRIND=0)"; fi
+	# Why prove failed, again: the passes that ran after it have pushed it out of the log's tail.
+	if [ $$rc -ne 0 ]; then cat $(TEST_LOGS)/prove-*.why 2>/dev/null || true; fi
 	exit $$rc
 
 # Unit tests (pure Rust, no nginx symbols). --release reuses the vendored nginx of `make build`
@@ -390,20 +393,41 @@ test-valgrind: deps-test
 	TEST_RL_KEYS=$${TEST_RL_KEYS:-2000} VALGRIND_DIR=$${VALGRIND_DIR:-$(ROOT)/t/servroot-valgrind} \
 	  t/valgrind.sh
 
+# $(call prove_run,NAME,SUITES): prove, with its whole output (stdout and stderr) also kept in
+# $(TEST_LOGS)/prove-NAME.log and each suite's stderr in prove-NAME.stderr/ (t/prove-exec.sh:
+# under -j2 two suites share stderr). When it fails, the "#   Failed test" lines of each failed
+# suite, with the "#" lines after them, are printed after prove's summary (t/prove-failures.sh)
+# and kept in prove-NAME.why, which `make test` prints again at its end: the tail of a CI log is
+# all there is. --failures: prove names each failed test under its suite. Failed suites are not
+# run again: a flaky one must stay visible.
+TEST_LOGS := $(BUILD)/test-logs
+define prove_run
+rm -rf $(TEST_LOGS)/prove-$(1).stderr $(TEST_LOGS)/prove-$(1).why
+mkdir -p $(TEST_LOGS)/prove-$(1).stderr
+prove_rc=0
+PROVE_STDERR_DIR=$(TEST_LOGS)/prove-$(1).stderr $(PROVE) --exec $(ROOT)/t/prove-exec.sh --failures \
+  $(PROVE_FLAGS) $(2) 2>&1 | tee $(TEST_LOGS)/prove-$(1).log || prove_rc=$$?
+if [ $$prove_rc -ne 0 ]; then
+	t/prove-failures.sh $(TEST_LOGS)/prove-$(1).log $(TEST_LOGS)/prove-$(1).stderr \
+	  | tee $(TEST_LOGS)/prove-$(1).why || true
+fi
+exit $$prove_rc
+endef
+
 test-vendored:
 	[ -x $(NGINX) ] && [ -f $(MODULE) ] || { echo "error: run make build first" >&2; exit 1; }
 	echo "==> prove $(PROVE_FLAGS) t   (nginx: $(NGINX))"
-	TEST_NGINX_BINARY=$(NGINX) TEST_NGINX_MODULE=$(MODULE) TEST_NGINX_FLAVOR=vendored $(HARNESS_ENV) \
-	  $(PROVE) $(PROVE_FLAGS) t
+	export TEST_NGINX_BINARY=$(NGINX) TEST_NGINX_MODULE=$(MODULE) TEST_NGINX_FLAVOR=vendored $(HARNESS_ENV)
+	$(call prove_run,vendored,t)
 
 test-system: deps-test
 	[ -f $(SYS_MODULE) ] || { echo "error: run make build-system first" >&2; exit 1; }
 	echo "==> prove $(PROVE_FLAGS) $(SYSTEM_SUITES)   (nginx: $(SYS_NGINX) + lua)"
-	TEST_NGINX_BINARY=$(SYS_NGINX) TEST_NGINX_MODULE=$(SYS_MODULE) TEST_NGINX_FLAVOR=system \
+	export TEST_NGINX_BINARY=$(SYS_NGINX) TEST_NGINX_MODULE=$(SYS_MODULE) TEST_NGINX_FLAVOR=system \
 	TEST_NGINX_SERVROOT_BASE=$${TEST_NGINX_SERVROOT_BASE:-$(ROOT)/t/servroot-system} \
 	TEST_NGINX_LOAD_LUA=1 $(HARNESS_ENV) \
-	TEST_NGINX_LOAD_MODULES="$(SYS_MODDIR)/ndk_http_module.so $(SYS_MODDIR)/ngx_http_lua_module.so" \
-	  $(PROVE) $(PROVE_FLAGS) $(SYSTEM_SUITES)
+	TEST_NGINX_LOAD_MODULES="$(SYS_MODDIR)/ndk_http_module.so $(SYS_MODDIR)/ngx_http_lua_module.so"
+	$(call prove_run,system,$(SYSTEM_SUITES))
 
 # ---------------------------------------------------------------------------------------------
 # Docker (BuildKit: Docker 20.10 with DOCKER_BUILDKIT=1, or any current engine). The client is

@@ -19,6 +19,7 @@ use crate::conf::MainConf;
 use crate::handler::{follow, submit, Follow, Retries};
 use crate::lease::GiveBack;
 use crate::metrics::LeaseEvent;
+use crate::quota::Period;
 use crate::redis::pool::{Waiter, WorkerPool};
 use crate::redis::resp::Reply;
 use crate::script::EncodedArgs;
@@ -35,7 +36,8 @@ struct Sweep {
 
 static mut SWEEP: Option<Sweep> = None;
 
-/// Starts the sweep timer if it is not running: a reservation was just granted.
+/// Starts the sweep timer if it is not running: a reservation was just granted, or a key's
+/// demand is being counted.
 pub fn arm(mcf: &MainConf) {
     // SAFETY: a worker is one thread; the event is this module's own and `SWEEP` lives as long
     // as the process. The configuration outlives the worker's use of it.
@@ -73,6 +75,23 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     }
 }
 
+std::thread_local! {
+    /// Give-backs on their way, for `exit`: a worker stopped at once (`nginx -s stop`) does not
+    /// wait for their replies. A worker is one thread.
+    static IN_FLIGHT: core::cell::RefCell<Vec<NonNull<Returning>>> =
+        const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// At worker exit, after the pool has closed its connections: frees the give-backs still on
+/// their way (their events are never run again).
+pub fn exit() {
+    for r in IN_FLIGHT.with(|f| core::mem::take(&mut *f.borrow_mut())) {
+        // SAFETY: registered by `send`, not freed yet (`finish` unregisters), and nothing runs
+        // its event any more.
+        drop(unsafe { Box::from_raw(r.as_ptr()) });
+    }
+}
+
 /// One give-back on its way.
 struct Returning {
     zone: usize,
@@ -87,8 +106,11 @@ struct Returning {
 /// Sends each give-back as a decision of its own; replies are not waited for by anyone.
 pub fn send(mcf: &MainConf, back: Vec<GiveBack>) {
     let Some(redis) = mcf.redis.as_ref() else { return };
-    for g in back {
-        let algorithm = mcf.zones[g.zone].algorithm;
+    for mut g in back {
+        let zone = &mcf.zones[g.zone];
+        // A calendar quota's window field is its period, as in its decisions.
+        g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
+        let algorithm = zone.algorithm;
         let r = Box::into_raw(Box::new(Returning {
             zone: g.zone,
             units: g.units,
@@ -112,6 +134,7 @@ pub fn send(mcf: &MainConf, back: Vec<GiveBack>) {
                 continue;
             }
             ngx_add_timer(&mut ret.ev, redis.timeout);
+            IN_FLIGHT.with(|f| f.borrow_mut().push(NonNull::new_unchecked(r)));
         }
     }
 }
@@ -148,5 +171,6 @@ unsafe fn finish(r: NonNull<Returning>) {
     if ret.ev.posted() != 0 {
         ngx_delete_posted_event(&mut ret.ev);
     }
+    IN_FLIGHT.with(|f| f.borrow_mut().retain(|&p| p != r));
     drop(Box::from_raw(r.as_ptr()));
 }

@@ -433,6 +433,11 @@ unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     for (z, want) in ctx.zones.iter_mut().zip(wants) {
         z.lease = want;
     }
+    // The sweep also forgets idle keys' demand: without it a table filled by keys seen a few
+    // times each would stay full, and every new key be decided exactly.
+    if !leases.is_empty() {
+        giveback::arm(mcf);
+    }
     false
 }
 

@@ -112,6 +112,7 @@ unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     if let Some(mcf) = RateLimit::main_conf(&*cycle) {
         WorkerPool::destroy(&mcf.pool);
+        crate::giveback::exit();
         // The gauge sums the workers' caches: this one's entries go with it.
         let entries = mcf.deny_cache.borrow().as_ref().map_or(0, |c| c.len());
         mcf.metrics.get().deny_cache_entries(-(entries as i64));

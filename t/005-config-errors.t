@@ -39,7 +39,8 @@
 #   ratelimit_fail_local_share 0, abc
 #   ratelimit_fail_local_size 8k, 2g, 1.5m; twice; in server{}
 #   ratelimit_status  200, 600, abc; twice
-#   ratelimit_zone exact_key=yes; member=foo; member=request_id with gcra
+#   ratelimit_zone exact_key=yes; member=foo; member=request_id with gcra; lease=some,
+#   lease_time=0, lease_time= alone, lease= with member=request_id
 #   ratelimit_dry_run foo; twice
 #   ratelimit_metrics_zone 8k; twice; ratelimit_metrics with an argument, without the zone
 #   ratelimit_headers foo
@@ -262,6 +263,14 @@ my @rows = (
         'ratelimit_zone', qr/"member=foo"/],
     ['ratelimit_zone: member=request_id with gcra', zone('limit=2 window=10s algorithm=gcra member=request_id'), '',
         'ratelimit_zone', qr/needs algorithm=sliding_log/],
+    ['ratelimit_zone: lease=some', zone('limit=2 window=10s lease=some'), '',
+        'ratelimit_zone', qr/"lease=some"/],
+    ['ratelimit_zone: lease_time=0', zone('limit=2 window=10s lease=auto lease_time=0'), '',
+        'ratelimit_zone', qr/"lease_time=0"/],
+    ['ratelimit_zone: lease_time= without lease=', zone('limit=2 window=10s lease_time=1s'), '',
+        'ratelimit_zone', qr/"lease_time=" needs "lease="/],
+    ['ratelimit_zone: lease= with member=request_id', zone('limit=2 window=10s lease=auto member=request_id'), '',
+        'ratelimit_zone', qr/cannot reserve with "member=request_id"/],
     ['ratelimit_metrics_zone 8k', "$R\n$Z\nratelimit_metrics_zone 8k; #<-", '',
         'ratelimit_metrics_zone', qr/"8k"/],
     ['ratelimit_metrics_zone twice', "$R\n$Z\nratelimit_metrics_zone 64k;\nratelimit_metrics_zone 64k; #<-", '',

@@ -134,8 +134,18 @@ sub zone_spec {
 sub decide {
     my ($now, @zones) = @_;
     my @z = map { zone_spec($_) } @zones;
-    my $r = decide_raw([map { $_->{key} } @z], $now // '',
-        map { @$_{qw(alg limit window cost burst)} } @z);
+    return decision_of(decide_raw(decision_argv($now, @z)), @z);
+}
+
+# The keys and arguments of one decision over zone specs.
+sub decision_argv {
+    my ($now, @z) = @_;
+    return ([map { $_->{key} } @z], $now // '', map { @$_{qw(alg limit window cost burst)} } @z);
+}
+
+# A decision's reply read as decide() returns it.
+sub decision_of {
+    my ($r, @z) = @_;
     return $r if is_error($r);
     die "RLTest::Script: reply is not an array of 1 + 3 x " . @z . " integers: "
         . RLTest::Redis::format_reply($r) . "\n"
@@ -163,10 +173,13 @@ sub verdict {
 # costs => [N, ...] (per zone), note => text for the test name.
 sub steps {
     my ($name, $t0, $zones, @steps) = @_;
-    # Keys expire on Redis's real clock (PX is relative), whatever the injected one says; a
-    # table runs in a few ms, but a machine stalled for longer than a short TTL (GCRA 10/s:
-    # 100 ms) would lose a key.  Failures say how much real time had passed.
-    my $start = Time::HiRes::time();
+    # Keys expire on Redis's real clock (PX is relative), whatever the injected one says: a
+    # machine stalled between two steps for longer than a short TTL (a quota's last ms: 1 ms)
+    # lost a key.  Redis (7.0+) freezes its clock for expiry within a transaction, so the whole
+    # table is one MULTI ... EXEC and no real time passes between its steps.
+    load_script();
+    my @checks;
+    RLTest::redis_cmd('MULTI');
     for my $s (@steps) {
         my ($dt, $o, $want) = @$s == 2 ? ($s->[0], {}, $s->[1]) : @$s;
         my @z = map { zone_spec($_) } @$zones;
@@ -175,11 +188,16 @@ sub steps {
             $z[$i]{cost} = $o->{costs}[$i] if $o->{costs};
         }
         my $costs = join ',', map { $_->{cost} } @z;
-        my $d = decide($t0 + $dt, @z);
-        Test::More::is(verdict($d), $want,
-            "$name: t=$dt cost=$costs" . ($o->{note} ? " ($o->{note})" : ''))
-            or Test::More::diag(sprintf '%.0f ms of real time since the table began',
-                1000 * (Time::HiRes::time() - $start));
+        my ($keys, @argv) = decision_argv($t0 + $dt, @z);
+        RLTest::redis_cmd('EVALSHA', script_sha(), scalar @$keys, @$keys, @argv);
+        push @checks, [\@z, $want, "$name: t=$dt cost=$costs" . ($o->{note} ? " ($o->{note})" : '')];
+    }
+    my $replies = RLTest::redis_cmd('EXEC');
+    die "RLTest::Script: EXEC failed: " . RLTest::Redis::format_reply($replies) . "\n"
+        unless ref $replies eq 'ARRAY' && @$replies == @checks;
+    for my $i (0 .. $#checks) {
+        my ($z, $want, $test) = @{ $checks[$i] };
+        Test::More::is(verdict(decision_of($replies->[$i], @$z)), $want, $test);
     }
 }
 
