@@ -25,6 +25,8 @@
 #   make bench-compare  no limiter vs the article's Lua block vs this module (bench/compare.sh)
 #   make bench-topology one Redis over TCP vs a 3-primary Cluster vs TLS, nginx and Redis CPU
 #                       per decision (bench/topology.sh)
+#   make bench-lease    no limiter vs exact vs lease=auto, 1 worker: busy keys, Zipf, uniform,
+#                       and a paced key's under-admission (bench/lease.sh)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -474,6 +476,12 @@ bench-compare: deps-bench
 bench-topology: deps-bench
 	$(MAKE) build-system
 	bench/topology.sh
+
+# No limiter vs exact decisions vs lease=auto, on the vendored build (about 5 minutes).
+.PHONY: bench-lease
+bench-lease: deps-bench
+	$(MAKE) build
+	bench/lease.sh
 
 fmt:
 	$(CARGO) fmt --all
