@@ -250,19 +250,6 @@ cpu_ticks() {
     echo "$((all[1] + all[2] + all[3] + all[6] + all[7] + all[8])) $ours $((all[1] + all[2] + all[3] + all[4] + all[5] + all[6] + all[7] + all[8]))"
 }
 redis_snapshot() { rcli info cpu commandstats | tr -d '\r' > "$1"; }
-# redis_delta before after -> "cpu_seconds total_calls script_calls per-command"
-# INFO itself is left out: the snapshots are the only INFO calls, and they are not the workload.
-redis_delta() {
-    awk -F'[:=,]' '
-        /^used_cpu_(sys|user):/ { cpu[FILENAME == ARGV[1]] += $2 }
-        /^cmdstat_/ { c = $1; sub(/^cmdstat_/, "", c); if (c == "info") next
-                      if (FILENAME == ARGV[1]) before[c] = $3; else { after[c] = $3; names[c] = 1 } }
-        END { total = 0; ev = 0; list = ""
-              for (c in names) { d = after[c] - before[c]; if (d <= 0) continue
-                                 total += d; if (c == "eval" || c == "evalsha") ev += d
-                                 list = list (list == "" ? "" : ",") c ":" d }
-              printf "%.6f %d %d %s\n", cpu[0] - cpu[1], total, ev, (list == "" ? "-" : list) }' "$1" "$2"
-}
 nginx_requests() {  # requests nginx has read so far (stub_status), this one included
     curl -sS --max-time 5 "$(base)/compare-status" | awk 'NR == 3 { print $3 }'
 }

@@ -294,19 +294,6 @@ cpu_ticks() {
     echo "$((all[1] + all[2] + all[3] + all[6] + all[7] + all[8])) $ours $((all[1] + all[2] + all[3] + all[4] + all[5] + all[6] + all[7] + all[8]))"
 }
 redis_snapshot() { rcli info cpu commandstats | tr -d '\r' > "$1" || die "INFO failed"; }
-# redis_delta before after -> "cpu_seconds script_calls total_calls per-command"
-# INFO itself is left out: the snapshots are the only INFO calls, and they are not the workload.
-redis_delta() {
-    awk -F'[:=,]' '
-        /^used_cpu_(sys|user):/ { cpu[FILENAME == ARGV[1]] += $2 }
-        /^cmdstat_/ { c = $1; sub(/^cmdstat_/, "", c); if (c == "info") next
-                      if (FILENAME == ARGV[1]) before[c] = $3; else { after[c] = $3; names[c] = 1 } }
-        END { total = 0; ev = 0; list = ""
-              for (c in names) { d = after[c] - before[c]; if (d <= 0) continue
-                                 total += d; if (c == "eval" || c == "evalsha") ev += d
-                                 list = list (list == "" ? "" : ",") c ":" d }
-              printf "%.6f %d %d %s\n", cpu[0] - cpu[1], ev, total, (list == "" ? "-" : list) }' "$1" "$2"
-}
 
 wrk_args() {  # lease_wrk.lua arguments of a workload
     case "$1" in
@@ -383,7 +370,7 @@ measure() {
     t=$(decisions "$zone"); read -r p1 pl1 o1 rs1 rt1 <<< "$t"; e1=$(error_lines)
     foreign=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v t=$((all1 - all0)) \
               'BEGIN { f = (t > 0 ? 100 * (b - o) / t : 0); printf "%.1f", (f < 0 ? 0 : f) }')
-    t=$(redis_delta "$tmp/redis0" "$tmp/redis1"); read -r rcpu rscript rtotal rcmds <<< "$t"
+    t=$(redis_delta "$tmp/redis0" "$tmp/redis1"); read -r rcpu rtotal rscript rcmds <<< "$t"
     # Requests: the ones wrk completed (the vendored nginx has no stub_status), plus the paced
     # client's. At most CONNS more were in flight when wrk stopped: 0.02 % of a run's.
     n=$(( $(field requests "$line") + ${paced%% *} ))

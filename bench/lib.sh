@@ -74,3 +74,19 @@ bench_meta_env() {
     printf 'module_commit\t%s\n' "$module_commit"
     printf 'module_sha256\t%s\n' "$(sha256sum "$MODULE" | cut -c1-16)"
 }
+
+# Redis's CPU and commands between two snapshots of `INFO cpu commandstats` (one server; the
+# caller's redis_snapshot writes them).
+# redis_delta before after -> "cpu_seconds total_calls script_calls per-command"
+# INFO itself is left out: the snapshots are the only INFO calls, and they are not the workload.
+redis_delta() {
+    awk -F'[:=,]' '
+        /^used_cpu_(sys|user):/ { cpu[FILENAME == ARGV[1]] += $2 }
+        /^cmdstat_/ { c = $1; sub(/^cmdstat_/, "", c); if (c == "info") next
+                      if (FILENAME == ARGV[1]) before[c] = $3; else { after[c] = $3; names[c] = 1 } }
+        END { total = 0; ev = 0; list = ""
+              for (c in names) { d = after[c] - before[c]; if (d <= 0) continue
+                                 total += d; if (c == "eval" || c == "evalsha") ev += d
+                                 list = list (list == "" ? "" : ",") c ":" d }
+              printf "%.6f %d %d %s\n", cpu[0] - cpu[1], total, ev, (list == "" ? "-" : list) }' "$1" "$2"
+}
