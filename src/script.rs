@@ -442,26 +442,25 @@ mod tests {
             zone(Key::new(b"rl:", b"ip", b"10.0.0.1"), Algorithm::Gcra, 3),
         ];
         let args = EncodedArgs::new(zones.iter().copied(), Some(1_700_000_000_123));
-        let expected = redis::cmd("EVALSHA")
-            .arg(&[b'f'; 40][..])
-            .arg(2)
-            .arg("rl:api:a")
-            .arg("rl:ip:10.0.0.1")
-            .arg(1_700_000_000_123u64)
-            .arg("l")
-            .arg(100)
-            .arg(60_000)
-            .arg(1)
-            .arg(0)
-            .arg("g")
-            .arg(100)
-            .arg(60_000)
-            .arg(3)
-            .arg(7)
-            .get_packed_command();
-        let mut cmd = Vec::new();
-        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
-        assert_eq!(cmd, expected);
+        assert_call(
+            &args,
+            &[
+                "2",
+                "rl:api:a",
+                "rl:ip:10.0.0.1",
+                "1700000000123",
+                "l",
+                "100",
+                "60000",
+                "1",
+                "0",
+                "g",
+                "100",
+                "60000",
+                "3",
+                "7",
+            ],
+        );
     }
 
     #[test]
@@ -469,20 +468,10 @@ mod tests {
         let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingLog, 2);
         z.member = Some(b"0123456789abcdef0123456789abcdef");
         let args = EncodedArgs::new([z].into_iter(), None);
-        let expected = redis::cmd("EVALSHA")
-            .arg(&[b'f'; 40][..])
-            .arg(1)
-            .arg("rl:api:a")
-            .arg("")
-            .arg("r")
-            .arg(100)
-            .arg(60_000)
-            .arg(2)
-            .arg("0123456789abcdef0123456789abcdef")
-            .get_packed_command();
-        let mut cmd = Vec::new();
-        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
-        assert_eq!(cmd, expected);
+        assert_call(
+            &args,
+            &["1", "rl:api:a", "", "r", "100", "60000", "2", "0123456789abcdef0123456789abcdef"],
+        );
     }
 
     #[test]
@@ -491,26 +480,25 @@ mod tests {
         z.lease = Some((50, 1000));
         let plain = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::Gcra, 1);
         let args = EncodedArgs::new([z, plain].into_iter(), Some(7));
-        let expected = redis::cmd("EVALSHA")
-            .arg(&[b'f'; 40][..])
-            .arg(2)
-            .arg("rl:api:a")
-            .arg("rl:ip:b")
-            .arg(7)
-            .arg("c+50:1000")
-            .arg(100)
-            .arg(60_000)
-            .arg(1)
-            .arg(0)
-            .arg("g")
-            .arg(100)
-            .arg(60_000)
-            .arg(1)
-            .arg(7)
-            .get_packed_command();
-        let mut cmd = Vec::new();
-        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
-        assert_eq!(cmd, expected);
+        assert_call(
+            &args,
+            &[
+                "2",
+                "rl:api:a",
+                "rl:ip:b",
+                "7",
+                "c+50:1000",
+                "100",
+                "60000",
+                "1",
+                "0",
+                "g",
+                "100",
+                "60000",
+                "1",
+                "7",
+            ],
+        );
         let d = decode_reply(&ints(&[1, 1, 40, 900, 10, 1000, 77, 1, 5, 600]), &args).unwrap();
         assert_eq!(d.zones[0].grant, Grant { units: 10, life_ms: 1000, token: 77 });
         assert_eq!((d.zones[1].remaining, d.zones[1].grant), (5, Grant::default()));
@@ -532,20 +520,7 @@ mod tests {
             window_ms: 60_000,
         };
         let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
-        let expected = redis::cmd("EVALSHA")
-            .arg(&[b'f'; 40][..])
-            .arg(1)
-            .arg("rl:api:a")
-            .arg("")
-            .arg("Gl")
-            .arg(100)
-            .arg(60_000)
-            .arg(3)
-            .arg(1234)
-            .get_packed_command();
-        let mut cmd = Vec::new();
-        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[&args]);
-        assert_eq!(cmd, expected);
+        assert_call(&args, &["1", "rl:api:a", "", "Gl", "100", "60000", "3", "1234"]);
     }
 
     #[test]
@@ -657,6 +632,18 @@ mod tests {
         assert_eq!(Algorithm::parse("balance"), Some(Algorithm::Balance));
         assert_eq!(Algorithm::CalendarQuota.capacity(100, 5), 100);
         assert_eq!(Algorithm::Balance.capacity(100, 5), u64::MAX);
+    }
+
+    /// `args` as the one decision of a call: `EVALSHA <sha> <fields>`, as the redis crate packs it.
+    fn assert_call(args: &EncodedArgs, fields: &[&str]) {
+        let mut expected = redis::cmd("EVALSHA");
+        expected.arg(&[b'f'; 40][..]);
+        for f in fields {
+            expected.arg(*f);
+        }
+        let mut cmd = Vec::new();
+        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[args]);
+        assert_eq!(cmd, expected.get_packed_command());
     }
 
     fn ints(v: &[i64]) -> Reply {
