@@ -18,10 +18,11 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
 use crate::conf::{Param, Zone};
-use crate::handler::{attach, detach, follow, pool_copy, submit, zone_key, Follow, Retries};
+use crate::handler::{attach, detach, pool_copy, zone_key};
 use crate::key::{percent_decode, substitute};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
+use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 use crate::script::{self, Algorithm, EncodedArgs, ReplyError, ZoneArgs};
 

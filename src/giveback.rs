@@ -16,10 +16,10 @@ use ngx::ffi::{
 };
 
 use crate::conf::MainConf;
-use crate::handler::{follow, submit, Follow, Retries};
 use crate::lease::GiveBack;
 use crate::metrics::LeaseEvent;
 use crate::quota::Period;
+use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{Waiter, WorkerPool};
 use crate::redis::resp::Reply;
 use crate::script::EncodedArgs;

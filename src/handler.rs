@@ -28,10 +28,9 @@ use crate::metrics::LeaseEvent;
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
+use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
 use crate::redis::invalidation::{self, Forget};
-use crate::redis::pool::{Command, RedisError, Token, Waiter, WorkerPool};
-use crate::redis::resp::Reply;
-use crate::redis::topology::{parse_redirect, Redirect};
+use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
 pub use crate::status::Status;
 
@@ -598,13 +597,11 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         (*ev).set_timedout(0);
         if core::mem::take(&mut ctx.retries.waiting) {
             // TRYAGAIN's pause is over.
-            let ask = ctx.retries.ask.as_ref();
-            let reload = ctx.retries.reloaded;
-            if let Follow::Resent = resend(mcf, &mut ctx.waiter, &ctx.args, ask, reload) {
+            if let Follow::Resent = again(mcf, &mut ctx.waiter, &ctx.args, &ctx.retries) {
                 ngx_add_timer(ev, time_left(ctx, redis).max(1) as ngx_msec_t);
                 return;
             }
-        } else if ctx.waiter.result.is_none() || detour(&ctx.waiter.result).is_some() {
+        } else if ctx.waiter.result.is_none() || asks_again(&ctx.waiter.result) {
             // The deadline met no reply, or one that would need another round trip (the two
             // can arrive in one event-loop iteration): either way the time is up.
             if let Some(token) = ctx.waiter.token.take() {
@@ -656,136 +653,6 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
 unsafe fn time_left(ctx: &Ctx, redis: &RedisConf) -> ngx_msec_int_t {
     let due = ctx.started.wrapping_add(redis.timeout);
     due.wrapping_sub(ngx_current_msec) as ngx_msec_int_t
-}
-
-/// How many `MOVED` and `ASK` one decision follows: more means the cluster changes faster
-/// than this worker's table follows, and the decision's time is better spent failing.
-const MAX_REDIRECTS: u8 = 2;
-/// The wait before the one retry after `TRYAGAIN` (a slot in the middle of a migration).
-const TRYAGAIN_DELAY: ngx_msec_t = 20;
-
-/// What a decision has already tried after replies that were not its answer.
-#[derive(Default)]
-pub struct Retries {
-    reloaded: bool,
-    redirects: u8,
-    tried_again: bool,
-    /// Waiting out `TRYAGAIN_DELAY`.
-    waiting: bool,
-    /// The `ASK` being followed: a retry after `NOSCRIPT` or `TRYAGAIN` goes there too.
-    ask: Option<Redirect>,
-}
-
-pub enum Follow {
-    /// Queued again: wait for the new reply.
-    Resent,
-    /// Send again after `TRYAGAIN_DELAY`, if the deadline allows.
-    Later,
-    /// The result stands.
-    No,
-}
-
-/// A reply asking for another round trip, rather than an answer.
-enum Detour {
-    /// Redis lost the script (restart, `SCRIPT FLUSH`, a node that never saw it).
-    NoScript,
-    Redirect(Redirect),
-    TryAgain,
-}
-
-fn detour(result: &Option<Result<Reply, RedisError>>) -> Option<Detour> {
-    let Some(Ok(Reply::Error(e))) = result else { return None };
-    if e.starts_with(b"NOSCRIPT") {
-        Some(Detour::NoScript)
-    } else if e.starts_with(b"TRYAGAIN") {
-        Some(Detour::TryAgain)
-    } else {
-        parse_redirect(e).map(Detour::Redirect)
-    }
-}
-
-/// Sends a decision again when its reply asks for it, within the same deadline: after
-/// `NOSCRIPT` once, in a call preceded by `SCRIPT LOAD` (one for all the decisions that ask
-/// again together); after `MOVED` or `ASK` up to `MAX_REDIRECTS` times; after `TRYAGAIN`
-/// once, a little later.
-pub unsafe fn follow(
-    mcf: &MainConf,
-    waiter: &mut Waiter,
-    args: &EncodedArgs,
-    retries: &mut Retries,
-) -> Follow {
-    match detour(&waiter.result) {
-        Some(Detour::NoScript) if !retries.reloaded => {
-            retries.reloaded = true;
-            resend(mcf, waiter, args, retries.ask.as_ref(), true)
-        }
-        // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says why.
-        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS && cluster(mcf) => {
-            retries.redirects += 1;
-            // After a NOSCRIPT, every node it goes to next may lack the script too (a replica
-            // just promoted), so each later call is preceded by SCRIPT LOAD.
-            let follow = resend(mcf, waiter, args, Some(&to), retries.reloaded);
-            retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
-            follow
-        }
-        Some(Detour::TryAgain) if !retries.tried_again => {
-            retries.tried_again = true;
-            Follow::Later
-        }
-        _ => Follow::No,
-    }
-}
-
-fn cluster(mcf: &MainConf) -> bool {
-    mcf.redis.as_ref().is_some_and(|r| r.cluster)
-}
-
-/// Queues a decision again, where a redirection points if one is followed.
-unsafe fn resend(
-    mcf: &MainConf,
-    waiter: &mut Waiter,
-    args: &EncodedArgs,
-    via: Option<&Redirect>,
-    reload: bool,
-) -> Follow {
-    let cmd = Command::decision(args, reload);
-    let queued = queue(mcf, waiter, |pool, w| match via {
-        Some(to) => pool.redirect(w, cmd, to),
-        None => pool.submit(w, cmd),
-    });
-    if queued {
-        Follow::Resent
-    } else {
-        Follow::No
-    }
-}
-
-/// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses. The
-/// arguments must outlive the pending decision (they live beside the waiter, in its context).
-pub unsafe fn submit(mcf: &MainConf, waiter: &mut Waiter, args: &EncodedArgs) -> bool {
-    queue(mcf, waiter, |pool, w| pool.submit(w, Command::decision(args, false)))
-}
-
-unsafe fn queue(
-    mcf: &MainConf,
-    waiter: &mut Waiter,
-    send: impl FnOnce(&mut WorkerPool, NonNull<Waiter>) -> Result<Token, RedisError>,
-) -> bool {
-    let Some(pool) = WorkerPool::get(mcf) else {
-        waiter.result = Some(Err(RedisError::Unavailable));
-        return false;
-    };
-    waiter.result = None;
-    match send(pool, NonNull::from(&mut *waiter)) {
-        Ok(token) => {
-            waiter.token = Some(token);
-            true
-        }
-        Err(e) => {
-            waiter.result = Some(Err(e));
-            false
-        }
-    }
 }
 
 /// Turns the waiter's result into the request's status.

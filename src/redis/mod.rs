@@ -6,6 +6,8 @@ pub mod breaker;
 mod cluster;
 #[cfg(not(test))]
 mod conn;
+#[cfg(not(test))]
+pub mod follow;
 pub mod invalidation;
 #[cfg(not(test))]
 mod node;

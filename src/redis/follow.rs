@@ -1,0 +1,172 @@
+//! Replies that ask for another round trip rather than answer a decision — `NOSCRIPT`, a
+//! Cluster's `MOVED`, `ASK` and `TRYAGAIN` — and sending the decision again within its deadline;
+//! and queueing a decision on the worker's pool. Shared by requests, `ratelimit_admin` and
+//! give-backs.
+
+use core::ptr::NonNull;
+
+use ngx::ffi::ngx_msec_t;
+
+use super::pool::{Command, RedisError, Token, Waiter, WorkerPool};
+use super::resp::Reply;
+use super::topology::{parse_redirect, Redirect};
+use crate::conf::MainConf;
+use crate::script::EncodedArgs;
+
+/// How many `MOVED` and `ASK` one decision follows: more means the cluster changes faster
+/// than this worker's table follows, and the decision's time is better spent failing.
+const MAX_REDIRECTS: u8 = 2;
+/// The wait before the one retry after `TRYAGAIN` (a slot in the middle of a migration).
+pub const TRYAGAIN_DELAY: ngx_msec_t = 20;
+
+/// What a decision has already tried after replies that were not its answer.
+#[derive(Default)]
+pub struct Retries {
+    reloaded: bool,
+    redirects: u8,
+    tried_again: bool,
+    /// Waiting out `TRYAGAIN_DELAY` (the caller's timer).
+    pub waiting: bool,
+    /// The `ASK` being followed: a retry after `NOSCRIPT` or `TRYAGAIN` goes there too.
+    ask: Option<Redirect>,
+}
+
+pub enum Follow {
+    /// Queued again: wait for the new reply.
+    Resent,
+    /// Send again after `TRYAGAIN_DELAY`, if the deadline allows.
+    Later,
+    /// The result stands.
+    No,
+}
+
+/// A reply asking for another round trip, rather than an answer.
+enum Detour {
+    /// Redis lost the script (restart, `SCRIPT FLUSH`, a node that never saw it).
+    NoScript,
+    Redirect(Redirect),
+    TryAgain,
+}
+
+/// Whether a decision's result is a reply asking for another round trip.
+pub fn asks_again(result: &Option<Result<Reply, RedisError>>) -> bool {
+    detour(result).is_some()
+}
+
+fn detour(result: &Option<Result<Reply, RedisError>>) -> Option<Detour> {
+    let Some(Ok(Reply::Error(e))) = result else { return None };
+    if e.starts_with(b"NOSCRIPT") {
+        Some(Detour::NoScript)
+    } else if e.starts_with(b"TRYAGAIN") {
+        Some(Detour::TryAgain)
+    } else {
+        parse_redirect(e).map(Detour::Redirect)
+    }
+}
+
+/// Sends a decision again when its reply asks for it, within the same deadline: after
+/// `NOSCRIPT` once, in a call preceded by `SCRIPT LOAD` (one for all the decisions that ask
+/// again together); after `MOVED` or `ASK` up to `MAX_REDIRECTS` times; after `TRYAGAIN`
+/// once, a little later.
+///
+/// # Safety
+/// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
+/// (they live side by side in the caller's context).
+pub unsafe fn follow(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    retries: &mut Retries,
+) -> Follow {
+    match detour(&waiter.result) {
+        Some(Detour::NoScript) if !retries.reloaded => {
+            retries.reloaded = true;
+            resend(mcf, waiter, args, retries.ask.as_ref(), true)
+        }
+        // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says why.
+        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS && cluster(mcf) => {
+            retries.redirects += 1;
+            // After a NOSCRIPT, every node it goes to next may lack the script too (a replica
+            // just promoted), so each later call is preceded by SCRIPT LOAD.
+            let follow = resend(mcf, waiter, args, Some(&to), retries.reloaded);
+            retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
+            follow
+        }
+        Some(Detour::TryAgain) if !retries.tried_again => {
+            retries.tried_again = true;
+            Follow::Later
+        }
+        _ => Follow::No,
+    }
+}
+
+/// Sends a decision again once `TRYAGAIN`'s pause is over, where the `ASK` being followed
+/// points.
+///
+/// # Safety
+/// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
+/// (they live side by side in the caller's context).
+pub unsafe fn again(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    retries: &Retries,
+) -> Follow {
+    resend(mcf, waiter, args, retries.ask.as_ref(), retries.reloaded)
+}
+
+fn cluster(mcf: &MainConf) -> bool {
+    mcf.redis.as_ref().is_some_and(|r| r.cluster)
+}
+
+/// Queues a decision again, where a redirection points if one is followed.
+unsafe fn resend(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    args: &EncodedArgs,
+    via: Option<&Redirect>,
+    reload: bool,
+) -> Follow {
+    let cmd = Command::decision(args, reload);
+    let queued = queue(mcf, waiter, |pool, w| match via {
+        Some(to) => pool.redirect(w, cmd, to),
+        None => pool.submit(w, cmd),
+    });
+    if queued {
+        Follow::Resent
+    } else {
+        Follow::No
+    }
+}
+
+/// Queues `args` for `waiter`; false, with the error as its result, when the pool refuses. The
+/// arguments must outlive the pending decision (they live beside the waiter, in its context).
+///
+/// # Safety
+/// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
+/// (they live side by side in the caller's context).
+pub unsafe fn submit(mcf: &MainConf, waiter: &mut Waiter, args: &EncodedArgs) -> bool {
+    queue(mcf, waiter, |pool, w| pool.submit(w, Command::decision(args, false)))
+}
+
+unsafe fn queue(
+    mcf: &MainConf,
+    waiter: &mut Waiter,
+    send: impl FnOnce(&mut WorkerPool, NonNull<Waiter>) -> Result<Token, RedisError>,
+) -> bool {
+    let Some(pool) = WorkerPool::get(mcf) else {
+        waiter.result = Some(Err(RedisError::Unavailable));
+        return false;
+    };
+    waiter.result = None;
+    match send(pool, NonNull::from(&mut *waiter)) {
+        Ok(token) => {
+            waiter.token = Some(token);
+            true
+        }
+        Err(e) => {
+            waiter.result = Some(Err(e));
+            false
+        }
+    }
+}
