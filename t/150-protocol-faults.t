@@ -352,13 +352,15 @@ for my $err (qw(BUSY LOADING READONLY OOM WRONGTYPE NOAUTH)) {
         # Under valgrind the breaker's probes outlast the requests, and each outage they see
         # after a recovery is logged anew.
         skip 'under valgrind the outage spans several probes', 3 if $ENV{TEST_NGINX_VALGRIND};
-        # Once, or on a machine so loaded that the 8 requests took seconds, once a second: a
-        # breaker probe that meets the error again after a request got through starts a new
-        # outage (seen under prove -j2 beside the benchmarks: 2 lines in 1.3 s).
-        cmp_ok($outage, '<=', 1 + int($spent), "$l: the outage is logged at most once a second");
+        # Once per outage, and an outage ends when Redis "answers again": the probe's PING is
+        # answered while the fake refuses only scripts, so on a loaded machine, where a probe
+        # runs between the 8 requests, the breaker closes and the next error opens a new
+        # outage (seen under prove -j2 beside the cluster suites: 2 in 1.3 s).
+        my $outages = grep { /ratelimit: redis .* answers again/ } split /\n/, $log;
+        cmp_ok($outage, '<=', $outages || 1, "$l: the outage is logged once per outage ($outages)");
         cmp_ok($requests, '<=', 1 + int($spent),
             "$l: failed requests logged at most once a second ($requests for 8)");
-        cmp_ok(scalar @lines, '<=', 2 * (1 + int($spent)), "$l: no log flood");
+        cmp_ok(scalar @lines, '<=', ($outages || 1) + 1 + int($spent), "$l: no log flood");
     }
 }
 
