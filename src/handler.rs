@@ -409,11 +409,8 @@ unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let now = ngx_current_msec as u64;
     let asks: Vec<Ask<'_>> = ctx.zones.iter().map(ZoneReq::ask).collect();
     if ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some()) {
-        if let Some(spent) = leases.try_spend(&asks, now) {
-            // The zone with the least left describes the request, as after a Redis decision.
-            let (i, &(remaining, reset_ms)) =
-                spent.iter().enumerate().min_by_key(|(_, s)| s.0).expect("a zone");
-            ctx.quota = Some((i, remaining, reset_ms));
+        if let Some(deciding) = leases.try_spend(&asks, now) {
+            ctx.quota = Some(deciding);
             ctx.status = Status::PassedLease;
             return true;
         }

@@ -189,9 +189,10 @@ impl Leases {
     }
 
     /// Spends `cost` units of each zone's reservation if every zone has them, and nothing
-    /// otherwise (a request is admitted by all its zones or goes to Redis). Returns, per zone,
-    /// the remaining units and the reset in ms for the headers.
-    pub fn try_spend(&mut self, asks: &[Ask<'_>], now: u64) -> Option<Vec<(u64, u64)>> {
+    /// otherwise (a request is admitted by all its zones or goes to Redis). Returns the zone
+    /// with the least left, as after a Redis decision: its index, remaining units and reset in
+    /// ms, for the headers.
+    pub fn try_spend(&mut self, asks: &[Ask<'_>], now: u64) -> Option<(usize, u64, u64)> {
         for a in asks {
             self.slot(a.zone, &a.key);
             let h = self.map.get(self.scratch.as_slice())?.held.as_ref()?;
@@ -199,8 +200,8 @@ impl Leases {
                 return None;
             }
         }
-        let mut out = Vec::with_capacity(asks.len());
-        for a in asks {
+        let mut out: Option<(usize, u64, u64)> = None;
+        for (i, a) in asks.iter().enumerate() {
             self.slot(a.zone, &a.key);
             let e = self.map.get_mut(self.scratch.as_slice())?;
             e.roll(now);
@@ -208,12 +209,15 @@ impl Leases {
             e.touched = now;
             let h = e.held.as_mut()?;
             h.spent += a.cost;
-            out.push((h.remaining + h.left(), h.reset_at.saturating_sub(now)));
+            let remaining = h.remaining + h.left();
+            if out.is_none_or(|(_, least, _)| remaining < least) {
+                out = Some((i, remaining, h.reset_at.saturating_sub(now)));
+            }
             if h.left() == 0 {
                 e.held = None;
             }
         }
-        Some(out)
+        out
     }
 
     /// The units to ask Redis to reserve with a decision of this zone, and notes the demand.
@@ -463,11 +467,11 @@ mod tests {
         let a = ask(b"k", 2);
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 0), None);
         assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false), None);
-        assert_eq!(l.try_spend(&[ask(b"k", 2)], 150), Some(vec![(43, 2950)]));
-        assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), Some(vec![(41, 2900)]));
+        assert_eq!(l.try_spend(&[ask(b"k", 2)], 150), Some((0, 43, 2950)));
+        assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), Some((0, 41, 2900)));
         // One left: a request of two goes to Redis, one of one spends it.
         assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), None);
-        assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), Some(vec![(40, 2900)]));
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), Some((0, 40, 2900)));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
         // Expiry: life 1000 from the start at 100, less a 20 ms margin.
         l.granted(&a, grant(5), 1000, 40, 0, false);
@@ -482,7 +486,11 @@ mod tests {
         l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
         assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
         l.granted(&b, grant(1), 0, 0, 0, false);
-        assert!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10).is_some());
+        // Zone 1 has the least left: it describes the request.
+        assert_eq!(
+            l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10),
+            Some((1, 0, 0))
+        );
         // Zone 1 is spent: zone 0 keeps its two.
         assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
         assert_eq!(l.drain().iter().map(|g| g.units).sum::<u64>(), 2);
