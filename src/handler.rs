@@ -367,9 +367,10 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     true
 }
 
-/// Applies what Redis told of its keys: a change makes the deny cache forget the key and a
-/// reservation of it be checked again (`EXISTS`, which also renews the tracking); a key gone
-/// (reset) or lost tracking drops reservations, whose units Redis no longer counts.
+/// Applies what Redis told of its keys: a change makes the deny cache forget the key and stops
+/// the spending of its reservations until `EXISTS` (which also renews the tracking) says it is
+/// still there; a key gone (reset) or lost tracking drops reservations, whose units Redis no
+/// longer counts.
 fn hear_changes(mcf: &MainConf) {
     let (mut cache, mut leases) = (mcf.deny_cache.borrow_mut(), mcf.leases.borrow_mut());
     let entries = cache.as_ref().map_or(0, |c| c.len());
@@ -381,13 +382,17 @@ fn hear_changes(mcf: &MainConf) {
                 Forget::Key(key) | Forget::Gone(key) => {
                     (0..zones).for_each(|zone| cache.forget(zone, &[key]))
                 }
+                Forget::Present(_) => {}
             }
         }
         if let Some(leases) = leases.as_mut() {
             match f {
                 Forget::All => leases.revoke_all(),
                 Forget::Gone(key) => leases.revoke(zones, key),
-                Forget::Key(key) if leases.holds(zones, key) => {
+                Forget::Present(key) => {
+                    leases.suspect(zones, key, false);
+                }
+                Forget::Key(key) if leases.suspect(zones, key, true) => {
                     if !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key])) {
                         leases.revoke(zones, key);
                     }

@@ -93,6 +93,9 @@ struct Held {
     /// reset was due: the headers of requests admitted from it.
     remaining: u64,
     reset_at: u64,
+    /// Redis said the key changed, and whether it is still there is being checked: not spent
+    /// meanwhile, since the change may be a reset.
+    suspect: bool,
 }
 
 impl Held {
@@ -196,7 +199,7 @@ impl Leases {
         for a in asks {
             self.slot(a.zone, &a.key);
             let h = self.map.get(self.scratch.as_slice())?.held.as_ref()?;
-            if h.left() < a.cost || now >= h.until || h.figures != a.figures {
+            if h.left() < a.cost || now >= h.until || h.figures != a.figures || h.suspect {
                 return None;
             }
         }
@@ -369,12 +372,20 @@ impl Leases {
         }
     }
 
-    /// Whether any zone holds a reservation of `key` (a whole Redis key).
-    pub fn holds(&mut self, zones: usize, key: &[u8]) -> bool {
-        (0..zones).any(|zone| {
+    /// Redis says `key` (a whole Redis key) changed, or that it is still there after a change:
+    /// its reservations are not spent until it is known not to be a reset. Returns whether any
+    /// zone holds one (to be checked).
+    pub fn suspect(&mut self, zones: usize, key: &[u8], suspect: bool) -> bool {
+        let mut held = false;
+        for zone in 0..zones {
             self.slot(zone, &[key]);
-            self.map.get(self.scratch.as_slice()).is_some_and(|e| e.held.is_some())
-        })
+            if let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
+            {
+                h.suspect = suspect;
+                held = true;
+            }
+        }
+        held
     }
 
     /// Every reservation dropped (Redis's tracking lost: a reset could go unheard).
@@ -398,6 +409,7 @@ fn held(
         figures,
         remaining,
         reset_at: started + reset_ms,
+        suspect: false,
     }
 }
 
@@ -537,9 +549,13 @@ mod tests {
     fn a_reset_key_drops_its_reservations_without_giving_back() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        assert!(l.holds(3, b"rl:api:k"));
+        // Changed: not spent until known to be there still.
+        assert!(l.suspect(3, b"rl:api:k", true));
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+        assert!(l.suspect(3, b"rl:api:k", false));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
         l.revoke(3, b"rl:api:k");
-        assert!(!l.holds(3, b"rl:api:k"));
+        assert!(!l.suspect(3, b"rl:api:k", false));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         assert_eq!(l.drain(), vec![]);
     }

@@ -71,8 +71,8 @@ pub fn event(reply: &Reply) -> Event<'_> {
 #[derive(Default)]
 struct Pending {
     all: bool,
-    /// Each key, and whether Redis said it is gone rather than changed.
-    keys: Vec<(Vec<u8>, bool)>,
+    /// Each key, and what Redis said of it.
+    keys: Vec<(Vec<u8>, Said)>,
 }
 
 /// Keys waiting to be forgotten, at most; past this, everything is.
@@ -91,6 +91,15 @@ pub enum Forget<'a> {
     Key(&'a [u8]),
     /// Not there any more (reset, expired, flushed): reservations of it go as well.
     Gone(&'a [u8]),
+    /// Still there when checked after a change: reservations of it may be spent again.
+    Present(&'a [u8]),
+}
+
+#[derive(Clone, Copy)]
+enum Said {
+    Changed,
+    Gone,
+    Present,
 }
 
 /// Every remembered rejection must go: its tracking was lost, or Redis flushed.
@@ -104,15 +113,20 @@ pub fn forget_all() {
 
 /// The rejections remembered for `key` must go: Redis says it changed.
 pub fn forget(key: &[u8]) {
-    push(key, false);
+    push(key, Said::Changed);
 }
 
 /// `key` is not in Redis any more.
 pub fn gone(key: &[u8]) {
-    push(key, true);
+    push(key, Said::Gone);
 }
 
-fn push(key: &[u8], gone: bool) {
+/// `key` is still in Redis (its tracking is renewed).
+pub fn present(key: &[u8]) {
+    push(key, Said::Present);
+}
+
+fn push(key: &[u8], said: Said) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         if p.all {
@@ -122,7 +136,7 @@ fn push(key: &[u8], gone: bool) {
             p.all = true;
             p.keys.clear();
         } else {
-            p.keys.push((key.to_vec(), gone));
+            p.keys.push((key.to_vec(), said));
         }
     });
 }
@@ -133,8 +147,12 @@ pub fn drain(mut f: impl FnMut(Forget<'_>)) {
     if p.all {
         f(Forget::All);
     }
-    for (k, gone) in &p.keys {
-        f(if *gone { Forget::Gone(k) } else { Forget::Key(k) });
+    for (k, said) in &p.keys {
+        f(match said {
+            Said::Changed => Forget::Key(k),
+            Said::Gone => Forget::Gone(k),
+            Said::Present => Forget::Present(k),
+        });
     }
 }
 
@@ -174,13 +192,15 @@ mod tests {
                     Forget::All => "*".to_string(),
                     Forget::Key(k) => String::from_utf8_lossy(k).into_owned(),
                     Forget::Gone(k) => format!("-{}", String::from_utf8_lossy(k)),
+                    Forget::Present(k) => format!("+{}", String::from_utf8_lossy(k)),
                 })
             });
             out
         };
         forget(b"a");
         gone(b"b");
-        assert_eq!(seen(), ["a", "-b"]);
+        present(b"c");
+        assert_eq!(seen(), ["a", "-b", "+c"]);
         assert!(seen().is_empty());
         forget(b"a");
         forget_all();

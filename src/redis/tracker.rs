@@ -197,6 +197,8 @@ impl Tracker {
                 if let Some(key) = self.pending.pop_front() {
                     if n == 0 {
                         invalidation::gone(&key);
+                    } else {
+                        invalidation::present(&key);
                     }
                 }
             }
