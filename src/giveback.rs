@@ -104,7 +104,7 @@ struct Returning {
 }
 
 /// Sends each give-back as a decision of its own; replies are not waited for by anyone.
-pub fn send(mcf: &MainConf, back: Vec<GiveBack>) {
+pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
     let Some(redis) = mcf.redis.as_ref() else { return };
     for mut g in back {
         let zone = &mcf.zones[g.zone];

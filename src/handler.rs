@@ -420,19 +420,14 @@ unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
             return true;
         }
     }
-    let wants: Vec<Option<(u64, u64)>> = asks
-        .iter()
-        .map(|a| {
-            let zone = &mcf.zones[a.zone];
-            let conf = zone.lease?;
-            let life = conf.life_ms(a.figures.window_ms);
-            let log = zone.algorithm == Algorithm::SlidingLog;
-            (life > 0).then(|| (leases.want(a, conf.size, life, log, now), life))
-        })
-        .collect();
     drop(asks);
-    for (z, want) in ctx.zones.iter_mut().zip(wants) {
-        z.lease = want;
+    for i in 0..ctx.zones.len() {
+        let zone = &mcf.zones[ctx.zones[i].zone];
+        let Some(conf) = zone.lease else { continue };
+        let life = conf.life_ms(ctx.zones[i].window_ms);
+        let log = zone.algorithm == Algorithm::SlidingLog;
+        let want = (life > 0).then(|| leases.want(&ctx.zones[i].ask(), conf.size, life, log, now));
+        ctx.zones[i].lease = want.map(|w| (w, life));
     }
     // The sweep also forgets idle keys' demand: without it a table filled by keys seen a few
     // times each would stay full, and every new key be decided exactly.
@@ -469,7 +464,7 @@ fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
         mcf.metrics.get().lease(z.zone, LeaseEvent::Reserved, grant.units);
         // What this worker may still admit includes what it now holds.
         v.remaining += grant.units;
-        giveback::send(mcf, old.into_iter().collect());
+        giveback::send(mcf, old);
     }
     giveback::arm(mcf);
 }
