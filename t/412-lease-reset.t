@@ -27,7 +27,7 @@ sub reserve {
     return 0;
 }
 
-for my $how (['admin DELETE', sub { http_request(request => "DELETE /admin?key=$_[0]") }],
+for my $how (['admin DELETE', sub { http_request(port => server_port(), request => "DELETE /admin?key=$_[0]") }],
              ['redis-cli DEL', sub { redis_cmd('DEL', "rl:api:$_[0]") }]) {
     my ($what, $reset) = @$how;
     my $k = $what =~ s/\W+/-/gr;
