@@ -51,25 +51,37 @@ sub after_reset {
     # The reset is done when $how returns; an answer is timed by its decision's own instant
     # ($ratelimit_time), not by when its response reached this loaded client.
     my $t0 = time;
-    # Answers from memory count until the limit (100) is used up again: then they are right.
-    my (%seen, $last_cached, $passed);
-    $passed = 0;
+    my (%seen, @answers);
     # For 300 ms at least (3 s under valgrind), and until every worker has answered.
     while ((keys %seen < 4 || time - $t0 < 0.3 * $RLTest::Nginx::SLOW) && time - $t0 < 50) {
         for my $r (@{ hammer($path, 4) }) {
             my ($pid, $st) = (header($r, 'X-Pid') // '?', rl($r));
             $seen{$pid} //= $st;
-            $passed++ if $st eq 'PASSED';
-            my $at = (header($r, 'X-RL-Time') // 0) - $t0;
-            $last_cached = $at if $st eq 'REJECTED_CACHED' && $passed < 100
-                && (!defined $last_cached || $at > $last_cached);
+            push @answers, [$pid, (header($r, 'X-RL-Time') // 0) - $t0, $st];
         }
     }
+    # Answers from memory count until Redis rejects again (the limit, 100, used up): from then
+    # on they are right.  Decision instants are the worker's clock, to the millisecond.
+    my ($full) = sort { $a <=> $b } map { $_->[2] eq 'REJECTED' ? $_->[1] : () } @answers;
+    my @before = grep { !defined $full || $_->[1] < $full } @answers;
+    my (%asked, $last_cached);
+    for (grep { $_->[2] ne 'REJECTED_CACHED' } @before) {
+        $asked{ $_->[0] } = $_->[1] if !defined $asked{ $_->[0] } || $_->[1] < $asked{ $_->[0] };
+    }
+    for (grep { $_->[2] eq 'REJECTED_CACHED' } @before) {
+        $last_cached = $_->[1] if !defined $last_cached || $_->[1] > $last_cached;
+    }
+    # A worker that asked Redis again has forgotten the rejection for good (nothing since
+    # rejected it again): no answer from its memory may follow.
+    my @late = grep { $_->[2] eq 'REJECTED_CACHED' && defined $asked{ $_->[0] } && $_->[1] > $asked{ $_->[0] } } @before;
+    is(scalar @late, 0, "$what: no worker answered from memory after it asked Redis again")
+        or diag(explain([sort { $a->[1] <=> $b->[1] } @before]));
     is(scalar keys %seen, 4, "$what: every worker answered after the reset");
     # Each worker hears of the change a round trip after it; a request just before that may
-    # still be answered from memory.
+    # still be answered from memory.  The promise is 1 s (measured idle: 20 ms); the bound
+    # leaves room for a machine loaded by other suites, where one trip took 221 ms.
     # Under valgrind everything takes ten times as long, the invalidation's trip too.
-    cmp_ok($last_cached // 0, '<', 0.1 * $RLTest::Nginx::SLOW, sprintf("$what: no answer from memory later than 100 ms "
+    cmp_ok($last_cached // 0, '<', 0.5 * $RLTest::Nginx::SLOW, sprintf("$what: no answer from memory later than 500 ms "
         . "after the reset (the last: %s)", defined $last_cached ? sprintf('%.1f ms', 1000 * $last_cached) : 'none'));
 }
 

@@ -128,6 +128,14 @@ pub fn unusable(error: &[u8]) -> bool {
     PREFIXES.iter().any(|p| error.starts_with(p))
 }
 
+/// Error replies of a server that will answer again by itself within moments (loading its data
+/// after a restart, a long script, a replica without its primary, a cluster mending): worth
+/// asking again soon, unlike a refusal (an ACL, a command a managed service disabled).
+pub fn passing(error: &[u8]) -> bool {
+    const PREFIXES: [&[u8]; 5] = [b"LOADING", b"BUSY", b"MASTERDOWN", b"CLUSTERDOWN", b"TRYAGAIN"];
+    PREFIXES.iter().any(|p| error.starts_with(p))
+}
+
 /// A call refused before it ran because of the keys it declared (the ACL's key patterns): one
 /// decision's keys may be the cause, and the call applied nothing.
 pub fn refused_keys(error: &[u8]) -> bool {
@@ -232,6 +240,20 @@ mod tests {
         }
         assert!(refused_keys(b"NOPERM No permissions to access a key"));
         assert!(!refused_keys(b"WRONGTYPE Operation"));
+    }
+
+    #[test]
+    fn passing_errors_are_a_server_state_not_a_refusal() {
+        for e in ["LOADING Redis is loading", "BUSY Redis is busy", "MASTERDOWN Link", "TRYAGAIN"] {
+            assert!(passing(e.as_bytes()), "{e}");
+        }
+        for e in [
+            "NOPERM this user has no permissions to run the 'client|tracking' command",
+            "ERR unknown command 'CLIENT'",
+            "WRONGPASS invalid username-password pair",
+        ] {
+            assert!(!passing(e.as_bytes()), "{e}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
+use super::breaker;
 use super::conn::Conn;
 use super::invalidation::{self, event, Event, CHANNEL};
 use super::node::NodePool;
@@ -170,6 +171,8 @@ impl Tracker {
 
     fn handle(&mut self, sub: bool, reply: &Reply) {
         match (self.state, sub, event(reply)) {
+            // Redis restarted and loading its data: asked again like after a lost connection.
+            (_, _, Event::Error(e)) if breaker::passing(e) => self.stop(),
             (_, _, Event::Error(e)) => self.refused(&String::from_utf8_lossy(e)),
             (State::Identifying, true, Event::Ok(id)) => {
                 self.send(true, &[b"SUBSCRIBE", CHANNEL]);
