@@ -22,6 +22,7 @@ use crate::conf::{
 use crate::headers::HeaderMode;
 use crate::key::{split_braces, tag_template, Piece};
 use crate::lease::{LeaseConf, LeaseSize, DEFAULT_LEASE_MS};
+use crate::slots::{DEFAULT_SLOT_MS, MIN_SLOT_MS};
 use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
@@ -541,6 +542,40 @@ unsafe extern "C" fn cmd_zone(
     }
     // A calendar period or a balance stands for the window.
     let algorithm = match (algorithm, period) {
+        (Some(Algorithm::Concurrency), _) => {
+            // A slot has no window: it lasts as long as its request, renewed meanwhile.
+            let refused = [
+                (window.is_some(), "\"window=\" is not for algorithm=concurrency: a slot is held \
+                 as long as its request runs"),
+                (period.is_some(), "\"period=\" is not for algorithm=concurrency"),
+                (lease.is_some(), "\"lease=\" is not for algorithm=concurrency: each slot is a \
+                 lease of its own, whose life \"lease_time=\" sets"),
+            ];
+            if let Some((_, what)) = refused.iter().find(|(bad, _)| *bad) {
+                return zone_error(cf, name, what);
+            }
+            let life = lease_time.unwrap_or(DEFAULT_SLOT_MS);
+            if life < MIN_SLOT_MS {
+                return zone_error(
+                    cf,
+                    name,
+                    &format!(
+                        "\"lease_time={life}ms\" is too short for algorithm=concurrency, \
+                         {MIN_SLOT_MS}ms at least: a slot is renewed every third of it"
+                    ),
+                );
+            }
+            window = Some(Param::Fixed(life));
+            lease_time = None;
+            if member.is_some() {
+                return zone_error(cf, name, "\"member=\" is not for algorithm=concurrency");
+            }
+            // The slot's member: the request's own id, unique across gateways.
+            let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
+            let Some(cv) = compile_complex_value(cf, &id, 0) else { return NGX_CONF_ERROR as _ };
+            member = Some(cv);
+            Algorithm::Concurrency
+        }
         (None, Some(_)) => Algorithm::CalendarQuota,
         (Some(a), None) => a,
         (None, None) => Algorithm::SlidingLog,
@@ -582,7 +617,7 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     }
-    if member.is_some() && algorithm != Algorithm::SlidingLog {
+    if member.is_some() && !matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency) {
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,

@@ -24,14 +24,15 @@ use crate::key::{cluster_value, shorten, Key, Piece};
 use crate::lease::{Ask, Figures, Leases};
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::log_throttle::LogThrottle;
-use crate::metrics::LeaseEvent;
+use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
 use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
 use crate::redis::invalidation::{self, Forget};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
-use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
+use crate::slots::Slots;
 pub use crate::status::Status;
 
 /// Per main request, in its pool. Found again after an internal redirect through the pool's
@@ -59,6 +60,11 @@ pub struct Ctx {
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
     /// wait admits it, so no header may suggest one.
     beyond_capacity: bool,
+    /// The concurrency slots the request holds (ids in the worker's `Slots`), one per
+    /// concurrency zone, released by `cleanup` when the request ends.
+    slots: Vec<u64>,
+    /// The configuration that took them, for `cleanup`: it outlives the request.
+    mcf: *const MainConf,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -469,6 +475,40 @@ fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
     giveback::arm(mcf);
 }
 
+/// Notes the slots Redis granted an admitted request in its concurrency zones, so that the
+/// sweep renews them while it runs and `cleanup` releases them when it ends.
+fn take_slots(ctx: &mut Ctx, mcf: &MainConf) {
+    let mut slots = mcf.slots.borrow_mut();
+    for z in ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()) {
+        let Some(member) = z.member else { continue };
+        let key = z.key.parts().concat();
+        let slot = SlotRef { key: &key, limit: z.limit, life_ms: z.window_ms, member };
+        // Renewals count from when the decision was sent: Redis scored the slot later.
+        let id = slots.get_or_insert_with(Slots::new).take(z.zone, slot, ctx.started as u64);
+        ctx.slots.push(id);
+        mcf.metrics.get().slot(z.zone, SlotEvent::Taken);
+    }
+    drop(slots);
+    if !ctx.slots.is_empty() {
+        giveback::arm(mcf);
+    }
+}
+
+/// The request ended: its slots go back to Redis, once (the cleanup runs twice).
+unsafe fn release_slots(ctx: &mut Ctx) {
+    if ctx.slots.is_empty() {
+        return;
+    }
+    // SAFETY: set with the slots from the request's configuration, which outlives it.
+    let mcf = &*ctx.mcf;
+    for id in core::mem::take(&mut ctx.slots) {
+        let held = mcf.slots.borrow_mut().as_mut().and_then(|s| s.release(id));
+        if let Some(held) = held {
+            giveback::release(mcf, held);
+        }
+    }
+}
+
 /// Remembers the zones that rejected a request, for `rejected_from_memory`: until the retry-after
 /// when Redis tracks the key for this worker (a change to it is heard of at once), briefly
 /// otherwise.
@@ -509,6 +549,8 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         zones: Vec::new(),
         beyond_capacity: false,
         quota: None,
+        slots: Vec::new(),
+        mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
     }))?;
     // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
     // the pool's runs again (harmlessly) after the access log and anchors the context for
@@ -548,10 +590,14 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 }
 
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
-/// once. The context itself stays readable for the access log. Idempotent: it runs twice.
+/// once and releases the request's concurrency slots. `ngx_http_free_request` runs it for every
+/// main request, aborted ones and reset HTTP/2 streams included, just before the access log
+/// (after a lingering close, if there is one). The context itself stays readable for the
+/// access log. Idempotent: it runs twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
     detach(&mut ctx.waiter, &mut ctx.ev);
+    release_slots(ctx);
 }
 
 /// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of
@@ -665,6 +711,9 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             }
             if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
                 keep_reservations(ctx, mcf, &mut d);
+            }
+            if d.allowed {
+                take_slots(ctx, mcf);
             }
             return record(ctx, &d);
         }
@@ -833,10 +882,13 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();
         let (limit, window_ms) = (z.limit, z.window_ms);
+        let concurrency = mcf.zones[z.zone].concurrency();
         let quota = Quota {
             zone: name,
             limit,
-            window_ms: policy_window(mcf, z),
+            // A concurrency zone announces no window, yet waiting does free slots: its
+            // rejection says when to retry.
+            window_ms: if concurrency { window_ms } else { policy_window(mcf, z) },
             remaining,
             reset_ms,
             rejected,
@@ -857,11 +909,12 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         // A rejection from memory repeats one already logged; local ones are the outage's.
         if decided_by_redis {
             let dry_run = if rejected { "" } else { ", dry run," };
+            let per = if concurrency { "in flight".into() } else { format!("per {window_ms}ms") };
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
-                "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} per \
-                 {window_ms}ms, retry in {reset_ms}ms"
+                "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} {per}, \
+                 retry in {reset_ms}ms"
             );
         }
     }
@@ -875,9 +928,10 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     }
 }
 
-/// The window the headers announce: none for a balance, which only an operator refills.
+/// The window the headers announce: none for a balance, which only an operator refills, nor for
+/// a concurrency zone, whose slots are held as long as their requests run.
 fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
-    if mcf.zones[z.zone].algorithm == Algorithm::Balance {
+    if matches!(mcf.zones[z.zone].algorithm, Algorithm::Balance | Algorithm::Concurrency) {
         0
     } else {
         z.window_ms

@@ -102,13 +102,13 @@ pub enum Gauge {
 // separate blocks ([`store`]).
 const Z_UNITS: usize = STATUSES.len();
 const Z_LEASE: usize = Z_UNITS + 1;
-pub const ZONE_CELLS: usize = Z_LEASE + LEASE_EVENTS.len();
+const Z_SLOT: usize = Z_LEASE + LEASE_EVENTS.len();
+pub const ZONE_CELLS: usize = Z_SLOT + SLOT_EVENTS.len();
 
 /// What happens to reserved units (`lease=`), counted per zone: what Redis reserved, and what
 /// went back unspent. Requests admitted from reservations are the decisions counted as
 /// `PASSED_LEASE`; what was neither spent nor given back lapsed (revoked by a reset, a
-/// give-back that failed, a worker killed). Two cells only: a zone's block stays in nginx's
-/// 128-byte slab class.
+/// give-back that failed, a worker killed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseEvent {
     Reserved,
@@ -117,6 +117,29 @@ pub enum LeaseEvent {
 
 pub const LEASE_EVENTS: [(LeaseEvent, &str); 2] =
     [(LeaseEvent::Reserved, "reserved"), (LeaseEvent::Returned, "returned")];
+
+/// What happens to concurrency slots (`algorithm=concurrency`), counted per zone. Slots in
+/// flight are not among them: what Redis holds is what `ratelimit_admin` reads, whereas
+/// taken − released − lapsed also counts the slots of a worker that died. Four more cells per
+/// zone put a zone's block in nginx's 256-byte slab class instead of 128.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotEvent {
+    /// Granted to a request.
+    Taken,
+    /// Given back at its request's end (Redis answered).
+    Released,
+    /// Renewed while its request ran.
+    Renewed,
+    /// Found gone by a renewal: its life ran out first (Redis slow or away) or it was reset.
+    Lapsed,
+}
+
+pub const SLOT_EVENTS: [(SlotEvent, &str); 4] = [
+    (SlotEvent::Taken, "taken"),
+    (SlotEvent::Released, "released"),
+    (SlotEvent::Renewed, "renewed"),
+    (SlotEvent::Lapsed, "lapsed"),
+];
 const R_BUCKETS: usize = 0;
 const R_COUNT: usize = R_BUCKETS + BUCKETS_US.len();
 const R_SUM_US: usize = R_COUNT + 1;
@@ -203,6 +226,12 @@ impl Metrics {
         }
     }
 
+    /// Concurrency slots of `zone` taken, released, renewed or lapsed.
+    pub fn slot(&self, zone: usize, event: SlotEvent) {
+        let i = SLOT_EVENTS.iter().position(|&(e, _)| e == event).unwrap_or(0);
+        self.zone(zone, Z_SLOT + i, 1);
+    }
+
     /// One script call's round trip, from its write to its reply.
     pub fn round_trip(&self, us: u64) {
         if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
@@ -281,6 +310,10 @@ impl View<'_> {
     pub fn lease(&self, zone: usize, i: usize) -> u64 {
         self.cells[zone * ZONE_CELLS + Z_LEASE + i]
     }
+    /// Slots of `SLOT_EVENTS[i]`.
+    pub fn slot(&self, zone: usize, i: usize) -> u64 {
+        self.cells[zone * ZONE_CELLS + Z_SLOT + i]
+    }
     fn redis(&self, i: usize) -> u64 {
         self.cells[self.zones * ZONE_CELLS + i]
     }
@@ -352,6 +385,14 @@ mod tests {
         let v = View { cells: &cells, zones: 2 };
         assert_eq!((v.lease(1, 0), v.lease(1, 1)), (0, 5));
         assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1 + 5);
+        m.slot(0, SlotEvent::Renewed);
+        m.slot(0, SlotEvent::Renewed);
+        m.slot(1, SlotEvent::Lapsed);
+        let cells = m.snapshot().unwrap();
+        let v = View { cells: &cells, zones: 2 };
+        assert_eq!((0..4).map(|i| v.slot(0, i)).collect::<Vec<_>>(), [0, 0, 2, 0]);
+        assert_eq!(v.slot(1, 3), 1);
+        assert_eq!(v.lease(1, 1), 5, "slot events have cells of their own");
     }
 
     #[test]

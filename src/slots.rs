@@ -1,0 +1,200 @@
+//! Concurrency slots (`algorithm=concurrency`) this worker's requests hold: pure bookkeeping.
+//! The handler notes a slot when Redis grants it and takes it back when its request ends (to
+//! release it); the sweep asks which slots are due for renewal and reports what Redis said.
+//!
+//! A slot is a lease in Redis: its member is scored by the instant it lapses, the script's time
+//! plus the slot's life. It is renewed every third of its life, counted on the worker's
+//! monotonic clock from the moment its decision or last renewal was *sent* (never later than
+//! Redis scored it), so a renewal is due at least two thirds of a life before the slot lapses:
+//! one renewal may fail or time out and the next still lands in time.
+
+use std::collections::HashMap;
+
+use crate::script::SlotRef;
+
+/// `lease_time`'s default for a concurrency zone: a slot of a worker that died (SIGKILL, OOM, a
+/// machine gone) keeps its room taken at most this long, while a slot of a running request
+/// costs Redis a renewal every 1.7 s, one decision of a batched script call.
+pub const DEFAULT_SLOT_MS: u64 = 5000;
+
+/// The shortest slot life: renewals are due every third of it and sent by a sweep that runs
+/// every 100 ms, so that a renewal that times out still leaves room for the next one.
+pub const MIN_SLOT_MS: u64 = 1000;
+
+/// How long after a slot was scored its renewal is due.
+pub fn renew_every(life_ms: u64) -> u64 {
+    life_ms / 3
+}
+
+/// One slot held by a request of this worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub zone: usize,
+    /// The whole Redis key.
+    pub key: Box<[u8]>,
+    /// The request's member: its `$request_id`.
+    pub member: Box<[u8]>,
+    pub limit: u64,
+    pub life_ms: u64,
+    /// Monotonic ms from which a renewal is due.
+    due: u64,
+    /// The monotonic ms a renewal on its way was sent: not sent again until it is answered.
+    renewing: Option<u64>,
+    /// A renewal found the slot gone (its life ran out, or the key was reset): not renewed any
+    /// more. Its request keeps running; its release at the end is harmless.
+    lapsed: bool,
+}
+
+impl Held {
+    pub fn slot_ref(&self) -> SlotRef<'_> {
+        SlotRef { key: &self.key, limit: self.limit, life_ms: self.life_ms, member: &self.member }
+    }
+}
+
+/// The slots of this worker's requests, by an id the request keeps.
+#[derive(Debug, Default)]
+pub struct Slots {
+    map: HashMap<u64, Held>,
+    next: u64,
+}
+
+impl Slots {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Notes a slot Redis granted to a decision sent at `sent` (monotonic ms); returns its id.
+    pub fn take(&mut self, zone: usize, slot: SlotRef<'_>, sent: u64) -> u64 {
+        self.next += 1;
+        let held = Held {
+            zone,
+            key: slot.key.into(),
+            member: slot.member.into(),
+            limit: slot.limit,
+            life_ms: slot.life_ms,
+            due: sent + renew_every(slot.life_ms),
+            renewing: None,
+            lapsed: false,
+        };
+        self.map.insert(self.next, held);
+        self.next
+    }
+
+    /// The slot's request ended: the slot leaves the table, to be released in Redis. `None` if
+    /// it was taken back already (a request's cleanup runs twice).
+    pub fn release(&mut self, id: u64) -> Option<Held> {
+        self.map.remove(&id)
+    }
+
+    /// Every slot due for renewal at `now`, marked as being renewed (sent at `now`). All go in
+    /// one sweep, so the pool writes them as one script call (up to 64 renewals a call).
+    pub fn due(&mut self, now: u64) -> Vec<u64> {
+        let mut ids = Vec::new();
+        for (&id, h) in self.map.iter_mut() {
+            if !h.lapsed && h.renewing.is_none() && now >= h.due {
+                h.renewing = Some(now);
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Held> {
+        self.map.get(&id)
+    }
+
+    /// Redis renewed the slot: the next renewal is due a third of a life after this one was
+    /// sent.
+    pub fn renewed(&mut self, id: u64) {
+        if let Some(h) = self.map.get_mut(&id) {
+            if let Some(sent) = h.renewing.take() {
+                h.due = sent + renew_every(h.life_ms);
+            }
+        }
+    }
+
+    /// The renewal failed (Redis down, a timeout): the next sweep tries again.
+    pub fn renew_failed(&mut self, id: u64) {
+        if let Some(h) = self.map.get_mut(&id) {
+            h.renewing = None;
+        }
+    }
+
+    /// The renewal found the slot gone: it lapsed. False if its request had ended meanwhile
+    /// (then the release took it, and nothing lapsed that was still wanted).
+    pub fn lapsed(&mut self, id: u64) -> bool {
+        match self.map.get_mut(&id) {
+            Some(h) => {
+                h.renewing = None;
+                h.lapsed = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a renewal may still be due: the sweep keeps running while this holds.
+    pub fn renewing_any(&self) -> bool {
+        self.map.values().any(|h| !h.lapsed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(member: &[u8]) -> SlotRef<'_> {
+        SlotRef { key: b"rl:conc:a", limit: 5, life_ms: 3000, member }
+    }
+
+    #[test]
+    fn a_slot_is_renewed_every_third_of_its_life_from_when_the_renewal_was_sent() {
+        let mut s = Slots::new();
+        let a = s.take(0, slot(b"a"), 1000);
+        assert!(s.due(1999).is_empty(), "a third of 3 s after the decision was sent");
+        assert_eq!(s.due(2000), vec![a]);
+        assert!(s.due(2100).is_empty(), "not sent again while on its way");
+        s.renewed(a);
+        assert!(s.due(2999).is_empty());
+        assert_eq!(s.due(3000), vec![a], "due a third of a life after the renewal was sent");
+        s.renew_failed(a);
+        assert_eq!(s.due(3100), vec![a], "a failed renewal is tried again at the next sweep");
+    }
+
+    #[test]
+    fn due_slots_go_together_and_a_lapsed_one_is_not_renewed() {
+        let mut s = Slots::new();
+        let a = s.take(0, slot(b"a"), 0);
+        let b = s.take(1, slot(b"b"), 50);
+        let mut due = s.due(1100);
+        due.sort();
+        assert_eq!(due, vec![a, b], "one sweep, one batch");
+        assert!(s.lapsed(a));
+        s.renewed(b);
+        assert!(s.renewing_any());
+        assert_eq!(s.due(5000), vec![b]);
+        assert_eq!(s.get(a).map(|h| h.member.as_ref()), Some(&b"a"[..]));
+        s.release(b);
+        assert!(!s.renewing_any(), "only a lapsed slot left: nothing to renew");
+    }
+
+    #[test]
+    fn release_takes_the_slot_once() {
+        let mut s = Slots::new();
+        let a = s.take(2, slot(b"m"), 0);
+        let h = s.release(a).unwrap();
+        assert_eq!((h.zone, h.slot_ref()), (2, slot(b"m")));
+        assert_eq!(s.release(a), None, "a second release finds nothing");
+        assert!(!s.lapsed(a), "a renewal answered after the release: nothing lapsed");
+        s.renewed(a);
+        assert!(s.is_empty());
+    }
+}
