@@ -78,7 +78,9 @@
 -- slot has a known end (each is renewed while its request runs), so 1 s is a guess, the
 -- shortest Retry-After there is.
 --   "Gn" (a decision of its own): releases the member (ZREM); always ok, harmless when it is
---        gone (lapsed, reset, released already). Reply { 1, 1, remaining, 0 }.
+--        gone (lapsed, reset, released already, never taken). Reply { 1, 1, remaining, r }, r 1
+--        if the member was there (a worker retries the release of a decision that may run
+--        late until it hears 1), else 0.
 --   "Rn" (a decision of its own): renews the member to now + life if it is still there
 --        (ZADD XX); a member gone has lapsed: reply { 0, 0, remaining, 0 }, nothing written.
 --   Both take cost 1, window = life, burst = the member.
@@ -822,6 +824,9 @@ repeat
           used = used - 1
         end
         remaining, reset = max(0, limit - used), 0
+        if alg == 'Gn' and mine then
+          reset = 1
+        end
         if alg == 'n' and not ok then
           reset = 1000
         end

@@ -22,7 +22,6 @@ use crate::conf::{
 use crate::headers::HeaderMode;
 use crate::key::{split_braces, tag_template, Piece};
 use crate::lease::{LeaseConf, LeaseSize, DEFAULT_LEASE_MS};
-use crate::slots::{DEFAULT_SLOT_MS, MIN_SLOT_MS};
 use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
@@ -34,6 +33,7 @@ use crate::redis::resp;
 use crate::redis::tls;
 use crate::redis::tls_params::{Taken, TlsParams, PARAM_NAMES as TLS_PARAM_NAMES};
 use crate::script::Algorithm;
+use crate::slots::{DEFAULT_SLOT_MS, MIN_SLOT_MS};
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
@@ -545,11 +545,17 @@ unsafe extern "C" fn cmd_zone(
         (Some(Algorithm::Concurrency), _) => {
             // A slot has no window: it lasts as long as its request, renewed meanwhile.
             let refused = [
-                (window.is_some(), "\"window=\" is not for algorithm=concurrency: a slot is held \
-                 as long as its request runs"),
+                (
+                    window.is_some(),
+                    "\"window=\" is not for algorithm=concurrency: a slot is held \
+                 as long as its request runs",
+                ),
                 (period.is_some(), "\"period=\" is not for algorithm=concurrency"),
-                (lease.is_some(), "\"lease=\" is not for algorithm=concurrency: each slot is a \
-                 lease of its own, whose life \"lease_time=\" sets"),
+                (
+                    lease.is_some(),
+                    "\"lease=\" is not for algorithm=concurrency: each slot is a \
+                 lease of its own, whose life \"lease_time=\" sets",
+                ),
             ];
             if let Some((_, what)) = refused.iter().find(|(bad, _)| *bad) {
                 return zone_error(cf, name, what);

@@ -25,8 +25,8 @@ use crate::quota::Period;
 use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{Waiter, WorkerPool};
 use crate::redis::resp::Reply;
-use crate::script::{self, EncodedArgs, SlotOp};
-use crate::slots::Held;
+use crate::script::{self, EncodedArgs, SlotOp, SlotRef};
+use crate::slots::{Held, Slots};
 
 /// How often expired reservations are looked for: a reservation's units go back at most this
 /// long after its end.
@@ -73,6 +73,13 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     });
     send(mcf, back.into_iter().flatten());
     renew(mcf, now);
+    if ngx_exiting != 0 {
+        // The orphans' releases just sent are their last: a worker on its way out waits for
+        // its requests, not for decisions that may never run (their slots would lapse).
+        if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+            slots.forget_orphans();
+        }
+    }
     let held = mcf.leases.borrow().as_ref().is_some_and(|l| !l.is_empty());
     // Slots are renewed while their requests run, through a graceful shutdown or a reload too:
     // those requests keep the worker anyway.
@@ -82,22 +89,48 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     }
 }
 
-/// Sends a renewal for every slot due: decisions of their own, queued in this one tick.
+/// Sends a renewal for every slot due and a release for every orphan: decisions of their own,
+/// queued in this one tick, so that the pool writes them together.
 fn renew(mcf: &MainConf, now: u64) {
-    let due: Vec<(u64, usize, EncodedArgs)> = {
+    let due: Vec<(What, EncodedArgs)> = {
         let mut slots = mcf.slots.borrow_mut();
         let Some(slots) = slots.as_mut() else { return };
-        let ids = slots.due(now);
-        let held = ids.into_iter().filter_map(|id| slots.get(id).map(|h| (id, h)));
-        held.map(|(id, h)| (id, h.zone, EncodedArgs::slot_op(SlotOp::Renew, &h.slot_ref()))).collect()
-    };
-    for (id, zone, args) in due {
-        if !submit_one(mcf, What::Renew { zone, id }, args) {
-            // Not even queued (Redis known down): tried again at the next tick.
-            if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
-                slots.renew_failed(id);
+        let mut due = Vec::new();
+        for id in slots.due(now) {
+            if let Some(h) = slots.get(id) {
+                let args = EncodedArgs::slot_op(SlotOp::Renew, &h.slot_ref());
+                due.push((What::Renew { zone: h.zone, id }, args));
             }
         }
+        for id in slots.orphans_due(now) {
+            if let Some(h) = slots.orphan_slot(id) {
+                let args = EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref());
+                due.push((What::Orphan { id }, args));
+            }
+        }
+        due
+    };
+    for (what, args) in due {
+        if !submit_one(mcf, what, args) {
+            // Not even queued (Redis known down): tried again at the next tick.
+            answered(mcf, what, None);
+        }
+    }
+}
+
+/// Notes the members of a decision Redis may run after its request stopped waiting for it,
+/// for the sweep to release: `slots` as the decision named them.
+pub fn orphan<'a>(mcf: &MainConf, slots: impl Iterator<Item = (usize, SlotRef<'a>)>, now: u64) {
+    let mut any = false;
+    {
+        let mut table = mcf.slots.borrow_mut();
+        let table = table.get_or_insert_with(Slots::new);
+        for (zone, slot) in slots {
+            any |= table.orphan(zone, slot, now);
+        }
+    }
+    if any {
+        arm(mcf);
     }
 }
 
@@ -134,6 +167,8 @@ enum What {
     Release { zone: usize },
     /// Renews the slot `id` of this worker's table.
     Renew { zone: usize, id: u64 },
+    /// Releases the orphan `id`: a slot a late decision may have granted.
+    Orphan { id: u64 },
 }
 
 /// One give-back, release or renewal on its way.
@@ -246,6 +281,16 @@ fn answered(
                 }
                 // Redis failed or refused: the next tick tries again, before the slot lapses.
                 _ => slots.renew_failed(id),
+            }
+        }
+        What::Orphan { id } => {
+            let removed = match reply.map(|r| script::decode_decision(r, 1)) {
+                // A release answers 1 in its reset field when the member was there.
+                Some(Ok(d)) => d.zones[0].reset_ms == 1,
+                _ => false,
+            };
+            if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+                slots.orphan_answered(id, removed);
             }
         }
     }

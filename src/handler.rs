@@ -596,8 +596,30 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 /// access log. Idempotent: it runs twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
+    if let Some(token) = ctx.waiter.token.take() {
+        // On the wire already: Redis may grant its slots to no one.
+        if WorkerPool::cancel(token) {
+            orphan_slots(ctx);
+        }
+    }
     detach(&mut ctx.waiter, &mut ctx.ev);
     release_slots(ctx);
+}
+
+/// The request stops waiting for a decision Redis may still run (its client went away, its
+/// deadline passed, its connection was lost): a slot that decision grants is released by the
+/// sweep, instead of lapsing unrenewed.
+unsafe fn orphan_slots(ctx: &Ctx) {
+    // SAFETY: the request's configuration outlives it (null only if it had none).
+    let Some(mcf) = ctx.mcf.as_ref() else { return };
+    let conc = ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency());
+    let keys: Vec<(usize, Vec<u8>, u64, u64, &[u8])> = conc
+        .filter_map(|z| Some((z.zone, z.key.parts().concat(), z.limit, z.window_ms, z.member?)))
+        .collect();
+    let slots = keys.iter().map(|(zone, key, limit, life_ms, member)| {
+        (*zone, SlotRef { key, limit: *limit, life_ms: *life_ms, member })
+    });
+    giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 
 /// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of
@@ -721,7 +743,21 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             Failure::WrongType(wrong_type_keys(ctx))
         }
         Ok(Err(e)) => Failure::Reply(e),
-        Err(e) => Failure::Redis(e),
+        Err(e) => {
+            // Lost on the wire or in Redis's hands (a timeout is one): it may still run there.
+            let written = matches!(
+                e,
+                RedisError::Timeout
+                    | RedisError::Closed
+                    | RedisError::Io
+                    | RedisError::Protocol(_)
+                    | RedisError::UnexpectedReply
+            );
+            if written {
+                orphan_slots(ctx);
+            }
+            Failure::Redis(e)
+        }
     };
     fail(ctx, lcf, mcf, failure);
 }

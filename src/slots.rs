@@ -7,6 +7,13 @@
 //! monotonic clock from the moment its decision or last renewal was *sent* (never later than
 //! Redis scored it), so a renewal is due at least two thirds of a life before the slot lapses:
 //! one renewal may fail or time out and the next still lands in time.
+//!
+//! A decision Redis may run after its request stopped waiting for it (the client went away
+//! while it was on the wire, its deadline passed, its connection was lost) can grant a slot no
+//! one holds. Its members are kept as *orphans*: the sweep sends their release every tick until
+//! Redis says it removed the member, or for one slot life (a slot granted later than that
+//! lapses by itself no later than a life after Redis ran the decision; until then it only
+//! takes room, never gives too much).
 
 use std::collections::HashMap;
 
@@ -20,6 +27,9 @@ pub const DEFAULT_SLOT_MS: u64 = 5000;
 /// The shortest slot life: renewals are due every third of it and sent by a sweep that runs
 /// every 100 ms, so that a renewal that times out still leaves room for the next one.
 pub const MIN_SLOT_MS: u64 = 1000;
+
+/// The most orphans a worker keeps; beyond, their slots (if Redis grants them) lapse.
+const MAX_ORPHANS: usize = 10_000;
 
 /// How long after a slot was scored its renewal is due.
 pub fn renew_every(life_ms: u64) -> u64 {
@@ -51,10 +61,21 @@ impl Held {
     }
 }
 
+/// A member a late decision may hold, released until Redis says it removed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Orphan {
+    slot: Held,
+    /// Monotonic ms after which it is no longer released: any slot it got has lapsed.
+    until: u64,
+    /// A release is on its way.
+    sending: bool,
+}
+
 /// The slots of this worker's requests, by an id the request keeps.
 #[derive(Debug, Default)]
 pub struct Slots {
     map: HashMap<u64, Held>,
+    orphans: HashMap<u64, Orphan>,
     next: u64,
 }
 
@@ -68,24 +89,71 @@ impl Slots {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.is_empty() && self.orphans.is_empty()
     }
 
-    /// Notes a slot Redis granted to a decision sent at `sent` (monotonic ms); returns its id.
-    pub fn take(&mut self, zone: usize, slot: SlotRef<'_>, sent: u64) -> u64 {
-        self.next += 1;
-        let held = Held {
+    fn held(zone: usize, slot: SlotRef<'_>, due: u64) -> Held {
+        Held {
             zone,
             key: slot.key.into(),
             member: slot.member.into(),
             limit: slot.limit,
             life_ms: slot.life_ms,
-            due: sent + renew_every(slot.life_ms),
+            due,
             renewing: None,
             lapsed: false,
-        };
-        self.map.insert(self.next, held);
+        }
+    }
+
+    /// Notes a slot Redis granted to a decision sent at `sent` (monotonic ms); returns its id.
+    pub fn take(&mut self, zone: usize, slot: SlotRef<'_>, sent: u64) -> u64 {
+        self.next += 1;
+        self.map.insert(self.next, Self::held(zone, slot, sent + renew_every(slot.life_ms)));
         self.next
+    }
+
+    /// Notes a member that a decision may still grant with no request to hold it, at `now`.
+    /// False when the table of orphans is full (the slot, if granted, lapses).
+    pub fn orphan(&mut self, zone: usize, slot: SlotRef<'_>, now: u64) -> bool {
+        if self.orphans.len() >= MAX_ORPHANS {
+            return false;
+        }
+        self.next += 1;
+        let until = now + slot.life_ms;
+        let orphan = Orphan { slot: Self::held(zone, slot, now), until, sending: false };
+        self.orphans.insert(self.next, orphan);
+        true
+    }
+
+    /// The orphans whose release is due at `now` (all but those on their way), marked as sent;
+    /// those past their time are forgotten.
+    pub fn orphans_due(&mut self, now: u64) -> Vec<u64> {
+        self.orphans.retain(|_, o| o.sending || now < o.until);
+        let mut ids = Vec::new();
+        for (&id, o) in self.orphans.iter_mut().filter(|(_, o)| !o.sending) {
+            o.sending = true;
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// Drops every orphan (a worker on its way out).
+    pub fn forget_orphans(&mut self) {
+        self.orphans.clear();
+    }
+
+    pub fn orphan_slot(&self, id: u64) -> Option<&Held> {
+        self.orphans.get(&id).map(|o| &o.slot)
+    }
+
+    /// What Redis said to an orphan's release: `removed`, the member was there and is gone, so
+    /// the orphan is done; otherwise (not there yet, or the release failed) it is sent again.
+    pub fn orphan_answered(&mut self, id: u64, removed: bool) {
+        if removed {
+            self.orphans.remove(&id);
+        } else if let Some(o) = self.orphans.get_mut(&id) {
+            o.sending = false;
+        }
     }
 
     /// The slot's request ended: the slot leaves the table, to be released in Redis. `None` if
@@ -141,9 +209,10 @@ impl Slots {
         }
     }
 
-    /// Whether a renewal may still be due: the sweep keeps running while this holds.
+    /// Whether a renewal or an orphan's release may still be due: the sweep keeps running
+    /// while this holds.
     pub fn renewing_any(&self) -> bool {
-        self.map.values().any(|h| !h.lapsed)
+        !self.orphans.is_empty() || self.map.values().any(|h| !h.lapsed)
     }
 }
 
@@ -184,6 +253,28 @@ mod tests {
         assert_eq!(s.get(a).map(|h| h.member.as_ref()), Some(&b"a"[..]));
         s.release(b);
         assert!(!s.renewing_any(), "only a lapsed slot left: nothing to renew");
+    }
+
+    #[test]
+    fn an_orphan_is_released_until_redis_removed_it_or_for_one_life() {
+        let mut s = Slots::new();
+        assert!(s.orphan(1, slot(b"late"), 1000));
+        assert!(!s.is_empty() && s.renewing_any());
+        let o = s.orphans_due(1000);
+        assert_eq!(o.len(), 1);
+        assert_eq!(s.orphan_slot(o[0]).map(|h| h.slot_ref()), Some(slot(b"late")));
+        assert!(s.orphans_due(1100).is_empty(), "not sent again while on its way");
+        s.orphan_answered(o[0], false);
+        assert_eq!(s.orphans_due(1100), o, "not there yet: sent again");
+        s.orphan_answered(o[0], true);
+        assert!(s.is_empty(), "removed: done");
+
+        let b = s.orphan(1, slot(b"never"), 0);
+        assert!(b);
+        let o = s.orphans_due(0);
+        s.orphan_answered(o[0], false);
+        assert!(s.orphans_due(3000).is_empty(), "a life later: forgotten");
+        assert!(s.is_empty());
     }
 
     #[test]

@@ -4,8 +4,8 @@
 #   zone "n": limit, window = the slot's life (lease_time) in ms, cost 1 takes
 #   a slot (0 reads), burst = the request's member; a member per request in
 #   flight, scored by when its slot lapses; reset 0 when admitted, 1000 when not
-#   "Gn" releases the member (always ok), "Rn" renews it (ok only while it is
-#   there); both cost 1, window = life, burst = the member
+#   "Gn" releases the member (always ok; reset 1 if it was there), "Rn" renews
+#   it (ok only while it is there); both cost 1, window = life, burst = the member
 # Expectations are literals worked out by hand; t below is the offset from T0.
 use lib 't/lib';
 use RLTest;
@@ -55,7 +55,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($T0 + 5, [$k, 'n', 3, 1000, 0, 'x']), '1 | 1 0 0', "$tag: a read takes nothing");
     is(redis_cmd('ZCARD', $k), 3, "$tag: ... and writes nothing");
     # Release: the member goes, its room comes back; twice is harmless.
-    is(release($T0 + 10, $k, 'r2'), '1 | 1 1 0', "$tag: r2 released");
+    is(release($T0 + 10, $k, 'r2'), '1 | 1 1 1', "$tag: r2 released (reset 1: it was there)");
     is(release($T0 + 11, $k, 'r2'), '1 | 1 1 0', "$tag: r2 released again: nothing changes");
     is(release($T0 + 12, $k, 'nobody'), '1 | 1 1 0', "$tag: a member never taken: nothing changes");
     is(take($T0 + 13, $k, 'r4'), '1 | 1 0 0', "$tag: r4 admitted in r2's place");
@@ -88,10 +88,10 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($T0 + 1, [$c, 'n', 1, 1000, 1, 'b'], [$l, 'l', 2, 60000, 1, 0]), '0 | 0 0 1000 | 1 1 59999',
         'both: no slot: rejected, the rate not counted');
     is(redis_cmd('ZCARD', $l), 1, 'both: ... the rate log holds the first request only');
-    is(release($T0 + 2, $c, 'a', 1), '1 | 1 1 0', 'both: a released');
+    is(release($T0 + 2, $c, 'a', 1), '1 | 1 1 1', 'both: a released');
     is(dec($T0 + 3, [$c, 'n', 1, 1000, 1, 'c'], [$l, 'l', 2, 60000, 1, 0]), '1 | 1 0 0 | 1 0 59997',
         'both: c takes the slot and the last unit of rate');
-    is(release($T0 + 4, $c, 'c', 1), '1 | 1 1 0', 'both: c released');
+    is(release($T0 + 4, $c, 'c', 1), '1 | 1 1 1', 'both: c released');
     is(dec($T0 + 5, [$c, 'n', 1, 1000, 1, 'd'], [$l, 'l', 2, 60000, 1, 0]), '0 | 1 1 0 | 0 0 59995',
         'both: the rate rejects: no slot taken');
     is(redis_cmd('EXISTS', $c), 0, 'both: ... the concurrency key holds nothing');
