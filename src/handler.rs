@@ -108,6 +108,12 @@ impl ZoneReq {
         }
     }
 
+    /// A concurrency zone's slot as its release or renewal names it; `key` is the whole key.
+    fn slot<'a>(&'a self, key: &'a [u8]) -> Option<SlotRef<'a>> {
+        let member = self.member?;
+        Some(SlotRef { key, limit: self.limit, life_ms: self.window_ms, member })
+    }
+
     fn ask(&self) -> Ask<'_> {
         let figures = Figures { limit: self.limit, window_ms: self.window_ms };
         Ask { zone: self.zone, key: self.key.parts(), cost: self.cost, figures }
@@ -480,9 +486,8 @@ fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
 fn take_slots(ctx: &mut Ctx, mcf: &MainConf) {
     let mut slots = mcf.slots.borrow_mut();
     for z in ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()) {
-        let Some(member) = z.member else { continue };
         let key = z.key.parts().concat();
-        let slot = SlotRef { key: &key, limit: z.limit, life_ms: z.window_ms, member };
+        let Some(slot) = z.slot(&key) else { continue };
         // Renewals count from when the decision was sent: Redis scored the slot later.
         let id = slots.get_or_insert_with(Slots::new).take(z.zone, slot, ctx.started as u64);
         ctx.slots.push(id);
@@ -612,13 +617,10 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
 unsafe fn orphan_slots(ctx: &Ctx) {
     // SAFETY: the request's configuration outlives it (null only if it had none).
     let Some(mcf) = ctx.mcf.as_ref() else { return };
-    let conc = ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency());
-    let keys: Vec<(usize, Vec<u8>, u64, u64, &[u8])> = conc
-        .filter_map(|z| Some((z.zone, z.key.parts().concat(), z.limit, z.window_ms, z.member?)))
-        .collect();
-    let slots = keys.iter().map(|(zone, key, limit, life_ms, member)| {
-        (*zone, SlotRef { key, limit: *limit, life_ms: *life_ms, member })
-    });
+    let zones: Vec<&ZoneReq> =
+        ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()).collect();
+    let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
+    let slots = zones.iter().zip(&keys).filter_map(|(z, key)| Some((z.zone, z.slot(key)?)));
     giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 

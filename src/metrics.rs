@@ -102,13 +102,13 @@ pub enum Gauge {
 // separate blocks ([`store`]).
 const Z_UNITS: usize = STATUSES.len();
 const Z_LEASE: usize = Z_UNITS + 1;
-const Z_SLOT: usize = Z_LEASE + LEASE_EVENTS.len();
-pub const ZONE_CELLS: usize = Z_SLOT + SLOT_EVENTS.len();
+pub const ZONE_CELLS: usize = Z_LEASE + LEASE_EVENTS.len();
 
 /// What happens to reserved units (`lease=`), counted per zone: what Redis reserved, and what
 /// went back unspent. Requests admitted from reservations are the decisions counted as
 /// `PASSED_LEASE`; what was neither spent nor given back lapsed (revoked by a reset, a
-/// give-back that failed, a worker killed).
+/// give-back that failed, a worker killed). Two cells only: a zone's block stays in nginx's
+/// 128-byte slab class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseEvent {
     Reserved,
@@ -120,8 +120,9 @@ pub const LEASE_EVENTS: [(LeaseEvent, &str); 2] =
 
 /// What happens to concurrency slots (`algorithm=concurrency`), counted per zone. Slots in
 /// flight are not among them: what Redis holds is what `ratelimit_admin` reads, whereas
-/// taken − released − lapsed also counts the slots of a worker that died. Four more cells per
-/// zone put a zone's block in nginx's 256-byte slab class instead of 128.
+/// taken − released − lapsed also counts the slots of a worker that died. Only concurrency zones
+/// count them, in a block of their own in the shared zone (named `<zone>/slots`, which no zone
+/// name can be): the other zones' blocks keep to nginx's 128-byte slab class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotEvent {
     /// Granted to a request.
@@ -157,7 +158,7 @@ const WORKER_CELLS: usize = 1;
 
 /// The cells of a snapshot of `zones` zones.
 const fn cells(zones: usize) -> usize {
-    zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS
+    zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS + zones * SLOT_EVENTS.len()
 }
 
 /// A handle on the shared cells, copied wherever outcomes happen. Disabled (null) when the
@@ -229,7 +230,12 @@ impl Metrics {
     /// Concurrency slots of `zone` taken, released, renewed or lapsed.
     pub fn slot(&self, zone: usize, event: SlotEvent) {
         let i = SLOT_EVENTS.iter().position(|&(e, _)| e == event).unwrap_or(0);
-        self.zone(zone, Z_SLOT + i, 1);
+        // SAFETY: `new`'s contract.
+        if let Some(c) = unsafe { self.cells.as_ref() } {
+            if let Some(&block) = c.slots.get(zone).filter(|b| !b.is_null()) {
+                Self::add(block, i, 1);
+            }
+        }
     }
 
     /// One script call's round trip, from its write to its reply.
@@ -289,6 +295,13 @@ impl Metrics {
         }
         out.extend(read(c.redis, REDIS_CELLS));
         out.extend(read(c.worker, WORKER_CELLS));
+        // Slot events last, per zone (zeros for the zones without a block).
+        for z in 0..c.zones.len() {
+            match c.slots.get(z).copied().filter(|b| !b.is_null()) {
+                Some(block) => out.extend(read(block, SLOT_EVENTS.len())),
+                None => out.extend(core::iter::repeat_n(0, SLOT_EVENTS.len())),
+            }
+        }
         Some(out)
     }
 }
@@ -312,7 +325,8 @@ impl View<'_> {
     }
     /// Slots of `SLOT_EVENTS[i]`.
     pub fn slot(&self, zone: usize, i: usize) -> u64 {
-        self.cells[zone * ZONE_CELLS + Z_SLOT + i]
+        let at = self.zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS;
+        self.cells[at + zone * SLOT_EVENTS.len() + i]
     }
     fn redis(&self, i: usize) -> u64 {
         self.cells[self.zones * ZONE_CELLS + i]
@@ -358,6 +372,8 @@ pub(crate) fn test_metrics(zones: usize) -> Metrics {
         zones: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
         redis: block(REDIS_CELLS),
         worker: block(WORKER_CELLS),
+        // Every zone of a test counts slot events.
+        slots: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
     }));
     // SAFETY: leaked, so alive for the rest of the test.
     unsafe { Metrics::new(cells) }
@@ -393,6 +409,7 @@ mod tests {
         assert_eq!((0..4).map(|i| v.slot(0, i)).collect::<Vec<_>>(), [0, 0, 2, 0]);
         assert_eq!(v.slot(1, 3), 1);
         assert_eq!(v.lease(1, 1), 5, "slot events have cells of their own");
+        assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1 + 5 + 3);
     }
 
     #[test]
