@@ -8,6 +8,8 @@
 # - Renewal cost, measured: 5 long requests of one worker, 4 quiet seconds:
 #   renewals per slot per second, script calls per renewal (batched per sweep)
 #   and Redis CPU per renewal (INFO commandstats).
+# - A reload while a request runs: its old worker keeps the slot renewed past
+#   lease_time until the request ends, then releases it.
 # - A gateway whose workers are SIGKILLed while holding 5 slots: the other
 #   gateway goes on, and the slots lapse within lease_time (2 s) of the kill.
 use lib 't/lib';
@@ -78,6 +80,17 @@ note(sprintf 'renewal cost: %.2f renewals per slot per second (lease_time 2 s), 
     . 'script call, %.1f us of Redis CPU per renewal', $n / 5 / $QUIET, $n / ($calls || 1), $usec / ($n || 1));
 http_finish($_, 5) for @long;
 ok(wait_until(2, sub { in_flight('conc', 'kr') == 0 }), 'cost: released at the end');
+
+# --- Reload and graceful shutdown: a request in flight keeps its slot (renewed
+#     by its old worker, lease_time 1 s) until it ends, then releases it.
+$h = http_start(port => $gw[1]->port, request => 'GET /long?k=kre&hold=4&stream=1');
+ok(wait_until(1, sub { in_flight('long', 'kre') == 1 }), 'reload: the slot is held');
+$gw[1]->reload;
+my $kept = 0;
+for (1 .. 3) { sleep 1; $kept++ if in_flight('long', 'kre', 0) == 1 }
+is($kept, 3, 'reload: the old worker keeps it 3 s past the reload, longer than lease_time');
+is(http_finish($h, 5)->{status}, 200, 'reload: the request ends normally');
+ok(wait_until(2, sub { in_flight('long', 'kre', 0) == 0 }), 'reload: released at its end');
 
 # --- SIGKILL a gateway's workers while they hold 5 slots.
 my @victims = map { http_start(port => $gw[0]->port, request => "GET /c?k=kk&hold=30&n=$_") } 1 .. 5;
