@@ -606,6 +606,9 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
         if WorkerPool::cancel(token) {
             orphan_slots(ctx);
         }
+    } else if ctx.status == Status::Pending && ctx.waiter.result.take().is_some() {
+        // Answered, the answer not read yet (its event still posted): it may grant slots.
+        orphan_slots(ctx);
     }
     detach(&mut ctx.waiter, &mut ctx.ev);
     release_slots(ctx);

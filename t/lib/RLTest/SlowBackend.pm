@@ -5,7 +5,7 @@ package RLTest::SlowBackend;
 # requests in flight at once without asking the module.
 #
 #   my $b = RLTest::SlowBackend->start(log => "$dir/backend.log");
-#   $b->port;                     # listening on 127.0.0.1
+#   $b->port;                     # listening on 127.0.0.1 (addr => ... for another)
 #   GET /any?hold=1.5             # answers 200 "ok\n" after 1.5 s (default 1)
 #   GET /any?hold=10&stream=1     # headers at once, then a line a second until hold
 #   GET /status404...             # 404 at once (an error_page test's first answer)
@@ -34,7 +34,7 @@ sub start {
     my $log = $o{log} or die "RLTest::SlowBackend: log => path\n";
     open my $touch, '>', $log or die "$log: $!";
     close $touch;
-    my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
+    my $listen = IO::Socket::INET->new(LocalAddr => $o{addr} // '127.0.0.1', LocalPort => $port,
         Proto => 'tcp', Listen => 512, ReuseAddr => 1) or die "listen $port: $!";
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
