@@ -32,7 +32,7 @@ use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, T
 use crate::redis::invalidation::{self, Forget};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
-use crate::slots::Slots;
+use crate::slots::{local_decision, LocalPart, Slots};
 pub use crate::status::Status;
 
 /// Per main request, in its pool. Found again after an internal redirect through the pool's
@@ -63,6 +63,9 @@ pub struct Ctx {
     /// The concurrency slots the request holds (ids in the worker's `Slots`), one per
     /// concurrency zone, released by `cleanup` when the request ends.
     slots: Vec<u64>,
+    /// `ratelimit_fail local`: the (zone, whole key) of each concurrency zone this worker
+    /// admitted the request in by itself, released by `cleanup` too.
+    local_slots: Vec<(usize, Vec<u8>)>,
     /// The configuration that took them, for `cleanup`: it outlives the request.
     mcf: *const MainConf,
 }
@@ -499,13 +502,19 @@ fn take_slots(ctx: &mut Ctx, mcf: &MainConf) {
     }
 }
 
-/// The request ended: its slots go back to Redis, once (the cleanup runs twice).
+/// The request ended: its slots go back to Redis, once (the cleanup runs twice), and those this
+/// worker counted by itself (`ratelimit_fail local`) back to its count.
 unsafe fn release_slots(ctx: &mut Ctx) {
-    if ctx.slots.is_empty() {
+    if ctx.slots.is_empty() && ctx.local_slots.is_empty() {
         return;
     }
     // SAFETY: set with the slots from the request's configuration, which outlives it.
     let mcf = &*ctx.mcf;
+    for (zone, key) in core::mem::take(&mut ctx.local_slots) {
+        if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+            slots.local_release(zone, &key);
+        }
+    }
     for id in core::mem::take(&mut ctx.slots) {
         let held = mcf.slots.borrow_mut().as_mut().and_then(|s| s.release(id));
         if let Some(held) = held {
@@ -555,6 +564,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         beyond_capacity: false,
         quota: None,
         slots: Vec::new(),
+        local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
     }))?;
     // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
@@ -819,17 +829,40 @@ unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
     }
 }
 
-/// `ratelimit_fail local`: this worker's share of each zone, from its own memory. The share
-/// becomes the zones' limit for this request, so headers and variables report what was enforced.
-/// `None` when a key is new and the table is full of counters that still count.
+/// `ratelimit_fail local`: this worker's share of each zone, from its own memory: a rate zone's
+/// from the local limiter's counters, a concurrency zone's from this worker's requests in flight
+/// (a request rejected by one holds nothing and is charged nothing in the others, as with Redis).
+/// The share becomes the zones' limit for this request, so headers and variables report what
+/// was enforced. `None` when a key is new and the table is full of counters that still count.
 unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option<Status> {
     let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
     for z in &mut ctx.zones {
         z.limit = (z.limit / share).max(1);
     }
-    let zones: Vec<LocalZone<'_>> = ctx
+    let conc = |z: &ZoneReq| mcf.zones[z.zone].concurrency();
+    let keys: Vec<Vec<u8>> = ctx.zones.iter().map(|z| z.key.parts().concat()).collect();
+    let mut slots = mcf.slots.borrow_mut();
+    let slots = slots.get_or_insert_with(Slots::new);
+    let parts: Vec<LocalPart> = ctx
         .zones
         .iter()
+        .zip(&keys)
+        .map(|(z, key)| match conc(z) {
+            true => LocalPart::Concurrency {
+                in_flight: slots.local_in_flight(z.zone, key),
+                limit: z.limit,
+            },
+            false => LocalPart::Rate { limit: z.limit },
+        })
+        .collect();
+    let room = parts.iter().all(|p| match *p {
+        LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
+        LocalPart::Rate { .. } => true,
+    });
+    let rates: Vec<LocalZone<'_>> = ctx
+        .zones
+        .iter()
+        .filter(|z| !conc(z))
         .map(|z| LocalZone {
             zone: z.zone,
             key: z.value(),
@@ -838,9 +871,21 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option
             cost: z.cost,
         })
         .collect();
-    let mut local = mcf.local.borrow_mut();
-    let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
-    let d = local.decide(&zones, ngx_current_msec as u64)?;
+    let rate = match room && !rates.is_empty() {
+        true => {
+            let mut local = mcf.local.borrow_mut();
+            let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
+            Some(local.decide(&rates, ngx_current_msec as u64)?)
+        }
+        false => None,
+    };
+    let d = local_decision(&parts, rate.as_ref());
+    if d.allowed {
+        for (z, key) in ctx.zones.iter().zip(keys).filter(|(z, _)| conc(z)) {
+            slots.local_take(z.zone, &key);
+            ctx.local_slots.push((z.zone, key));
+        }
+    }
     record(ctx, &d);
     Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
 }
