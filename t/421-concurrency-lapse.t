@@ -10,6 +10,9 @@
 #   and Redis CPU per renewal (INFO commandstats).
 # - A reload while a request runs: its old worker keeps the slot renewed past
 #   lease_time until the request ends, then releases it.
+# - Redis restarted empty while 5 slots are held: 5 more are admitted beside
+#   the running ones (10 at once at the backend until those end), whose
+#   renewals count their slots lapsed.
 # - A gateway whose workers are SIGKILLed while holding 5 slots: the other
 #   gateway goes on, and the slots lapse within lease_time (2 s) of the kill.
 use lib 't/lib';
@@ -91,6 +94,24 @@ for (1 .. 3) { sleep 1; $kept++ if in_flight('long', 'kre', 0) == 1 }
 is($kept, 3, 'reload: the old worker keeps it 3 s past the reload, longer than lease_time');
 is(http_finish($h, 5)->{status}, 200, 'reload: the request ends normally');
 ok(wait_until(2, sub { in_flight('long', 'kre', 0) == 0 }), 'reload: released at its end');
+
+# --- Redis restarted empty while 5 slots are held: they are gone; new requests
+#     are admitted beside the 5 still running (the backend's log measures it),
+#     and the running requests' renewals count their slots lapsed.
+my $lapsed0 = slots('conc', 'lapsed', 0) + slots('conc', 'lapsed', 1);
+my @run = map { http_start(port => $gw[0]->port, request => "GET /c?k=kx&hold=3&n=$_") } 1 .. 5;
+ok(wait_until(2, sub { in_flight('conc', 'kx') == 5 }), 'restart: 5 slots held');
+redis()->restart;
+my @more = grep { ($_->{status} // 0) == 200 }
+    @{ http_parallel([map { { port => $gw[1]->port, request => "GET /c?k=kx&hold=1&m=$_" } } 1 .. 5]) };
+is(scalar @more, 5, 'restart: the slots were lost with Redis: 5 more admitted');
+http_finish($_, 5) for @run;
+my $both = RLTest::SlowBackend::max_overlap($backend->intervals(qr/k=kx&/));
+note("restart: the backend saw $both requests of the key at once");
+is($both, 10, 'restart: over-admission: 10 at once until the first 5 ended');
+cmp_ok(slots('conc', 'lapsed', 0) + slots('conc', 'lapsed', 1) - $lapsed0, '>=', 1,
+    'restart: the running requests\' renewals found their slots gone (lapsed)');
+ok(wait_until(2, sub { in_flight('conc', 'kx') == 0 }), 'restart: nothing held afterwards');
 
 # --- SIGKILL a gateway's workers while they hold 5 slots.
 my @victims = map { http_start(port => $gw[0]->port, request => "GET /c?k=kk&hold=30&n=$_") } 1 .. 5;
