@@ -132,6 +132,8 @@ pub struct Zone {
     pub member: Option<*mut ngx_http_complex_value_t>,
     /// `lease=` and `lease_time=` (`crate::lease`); `None` for `lease=off`.
     pub lease: Option<LeaseConf>,
+    /// Where it was declared, for errors found once the whole `http{}` block is read.
+    pub at: (String, ngx_uint_t),
 }
 
 impl Zone {

@@ -678,6 +678,7 @@ unsafe extern "C" fn cmd_zone(
         exact_key,
         member,
         lease,
+        at: (text(&(*(*cf).conf_file).file.name).to_owned(), (*(*cf).conf_file).line),
     });
     NGX_CONF_OK
 }

@@ -32,6 +32,14 @@ pub const MIN_SLOT_MS: u64 = 1000;
 /// The most orphans a worker keeps; beyond, their slots (if Redis grants them) lapse.
 const MAX_ORPHANS: usize = 10_000;
 
+/// The shortest slot life that leaves a renewal which takes the whole `timeout` (ms) and fails
+/// time for the next one: due a third of a life after the last, sent at the next 100 ms tick,
+/// answered or failed within `timeout`, the next one sent a tick later and answered within
+/// `timeout` again: life / 3 + 2 × (100 + timeout) <= life.
+pub fn min_life_for(timeout_ms: u64) -> u64 {
+    MIN_SLOT_MS.max(3 * (timeout_ms + 100))
+}
+
 /// How long after a slot was scored its renewal is due.
 pub fn renew_every(life_ms: u64) -> u64 {
     life_ms / 3
@@ -384,6 +392,14 @@ mod tests {
         let d = local_decision(&parts, Some(&no));
         assert!(!d.allowed);
         assert_eq!(d.zones[1].remaining, 1, "not taken");
+    }
+
+    #[test]
+    fn the_shortest_life_leaves_room_for_a_failed_renewal() {
+        assert_eq!(min_life_for(200), 1000, "the default timeout: 1 s, the floor");
+        assert_eq!(min_life_for(1000), 3300);
+        let (t, life) = (1000, min_life_for(1000));
+        assert!(renew_every(life) + 2 * (100 + t) <= life);
     }
 
     #[test]

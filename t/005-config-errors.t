@@ -42,8 +42,8 @@
 #   ratelimit_zone exact_key=yes; member=foo; member=request_id with gcra; lease=some,
 #   lease_time=0, lease_time= alone, lease= with member=request_id
 #   ratelimit_zone algorithm=concurrency with window=, lease=, period=, burst=,
-#                     member=, lease_time=500ms (below 1s) or abc, limit=100001; a
-#                     concurrency zone used with cost=2
+#                     member=, lease_time=500ms (below 1s) or abc, limit=100001,
+#                     lease_time=2s with timeout=1s; a concurrency zone used with cost=2
 #   ratelimit_dry_run foo; twice
 #   ratelimit_metrics_zone 8k; twice; ratelimit_metrics with an argument, without the zone
 #   ratelimit_headers foo
@@ -290,6 +290,9 @@ my @rows = (
         'ratelimit_zone', qr/"member=" is not for algorithm=concurrency/],
     ['concurrency: limit=100001', zone('limit=100001 algorithm=concurrency'), '',
         'ratelimit_zone', qr/limit=100001/],
+    ['concurrency: lease_time under 3 x (timeout + 100ms)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=1s;\nratelimit_zone api key=\$arg_k limit=5 algorithm=concurrency lease_time=2s; #<-", '',
+        'ratelimit_zone', qr/"lease_time=2000ms" is too short for "timeout=1000ms".*3300ms/],
     ['concurrency: cost=2', "$R\nratelimit_zone c key=\$arg_k limit=5 algorithm=concurrency;",
         "location /c { ratelimit c cost=2; #<-\n}", 'ratelimit', qr/"c" is a concurrency zone: .*cost= must be 1/],
     ['ratelimit_metrics_zone 8k', "$R\n$Z\nratelimit_metrics_zone 8k; #<-", '',

@@ -78,6 +78,8 @@ SKIP: {
 
 # --- Decisions that outlive their request's wait.
 my $redis = redis();
+# The releases so far answered first: only the late decisions' may ZREM below.
+wait_until(3, sub { slots('released') == slots('taken') });
 redis_cmd('CONFIG', 'RESETSTAT');
 kill 'STOP', $redis->pid;
 $h = http_start(port => server_port(), request => 'GET /one?k=ko&hold=0');
@@ -123,8 +125,12 @@ is(redis_cmd('EXISTS', 'rl:one:kb'), 0, 'both: ... and it took no slot');
 # --- Nothing left.
 my @left = grep { redis_cmd('ZCARD', $_) } @{ redis_cmd('KEYS', 'rl:one:*') };
 is("@left", '', 'no key holds a slot');
-ok(wait_until(2, sub { slots('released') == slots('taken') }), 'metrics: every slot taken was released')
-    or diag('taken ' . slots('taken') . ', released ' . slots('released'));
+SKIP: {
+    # Under valgrind a release can outlast timeout=300ms: its slot then lapses instead.
+    skip 'under valgrind a release may time out', 1 if $ENV{TEST_NGINX_VALGRIND};
+    ok(wait_until(2, sub { slots('released') == slots('taken') }), 'metrics: every slot taken was released')
+        or diag('taken ' . slots('taken') . ', released ' . slots('released'));
+}
 is(slots('lapsed'), 0, 'metrics: none lapsed');
 ok(stop_nginx(), 'nginx quits gracefully');
 check_no_alerts(error_log_text(), 'paths');
