@@ -81,8 +81,8 @@
 --        gone (lapsed, reset, released already, never taken). Reply { 1, 1, remaining, r }, r 1
 --        if the member was there (a worker retries the release of a decision that may run
 --        late until it hears 1), else 0.
---   "Rn" (a decision of its own): renews the member to now + life if it is still there
---        (ZADD XX); a member gone has lapsed: reply { 0, 0, remaining, 0 }, nothing written.
+--   "Rn" (a decision of its own): renews the member to now + life if it is still there (after
+--        the pruning); a member gone has lapsed: reply { 0, 0, remaining, 0 }, nothing written.
 --   Both take cost 1, window = life, burst = the member.
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds

@@ -18,8 +18,8 @@ use POSIX ();
 my $backend = RLTest::SlowBackend->start(log => servroot() . '/backend.log');
 my $BPORT = $backend->port;
 my $http = <<"EOF";
-    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=2s;
-    ratelimit_zone conc key=\$arg_k limit=5 algorithm=concurrency lease_time=2s;
+    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=1s;
+    ratelimit_zone conc key=\$arg_k limit=5 algorithm=concurrency;
     ratelimit_metrics_zone 64k;
     upstream backend { server 127.0.0.1:$BPORT; }
 EOF
