@@ -33,7 +33,7 @@ use crate::redis::resp;
 use crate::redis::tls;
 use crate::redis::tls_params::{Taken, TlsParams, PARAM_NAMES as TLS_PARAM_NAMES};
 use crate::script::Algorithm;
-use crate::slots::{DEFAULT_SLOT_MS, MIN_SLOT_MS};
+use crate::slots::MIN_SLOT_MS;
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
@@ -560,8 +560,9 @@ unsafe extern "C" fn cmd_zone(
             if let Some((_, what)) = refused.iter().find(|(bad, _)| *bad) {
                 return zone_error(cf, name, what);
             }
-            let life = lease_time.unwrap_or(DEFAULT_SLOT_MS);
-            if life < MIN_SLOT_MS {
+            // 0: not given, resolved once `ratelimit_redis`'s timeout is known (init_main_conf).
+            let life = lease_time.unwrap_or(0);
+            if lease_time.is_some() && life < MIN_SLOT_MS {
                 return zone_error(
                     cf,
                     name,

@@ -37,6 +37,11 @@ is(join(', ', map { rl(http_get('/c?k=a&hold=0')) } 1 .. 3),
     '200 PASSED_LOCAL, 200 PASSED_LOCAL, 429 REJECTED_LOCAL',
     'slots back at the end; 2 rate units left: the rejections were not charged');
 ok(stop_nginx(), 'nginx quits gracefully');
+
+# Without lease_time=, a long timeout lengthens the default instead of failing nginx -t.
+my ($rc, $out) = nginx_t(http_config => "    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=2s;\n"
+    . "    ratelimit_zone c key=\$arg_k limit=2 algorithm=concurrency;\n", config => '');
+is($rc, 0, 'timeout=2s and the default lease_time: nginx -t passes') or diag($out);
 check_no_alerts(error_log_text(), 'fail local');
 $backend->stop;
 done_testing();
