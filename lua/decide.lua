@@ -68,6 +68,22 @@
 -- A give-back is always ok and is written whatever the other zones of its decision say (as B,
 -- D). Its reply: { 1, 1, remaining, 0 } (remaining 0 when unknown: g, a missing balance). Gl
 -- needs ZREM, the only command leases add.
+-- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
+-- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
+-- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members
+-- scored at or below now have lapsed and are pruned first, on every n, Gn and Rn. The zone has
+-- room while the members left number below limit; a request that holds its member already (the
+-- same decision sent again) keeps it. Taking writes ZADD now + life and PEXPIRE to the latest
+-- score; a rejection writes nothing but the pruning. reset_ms: 0 when admitted, else 1000: no
+-- slot has a known end (each is renewed while its request runs), so 1 s is a guess, the
+-- shortest Retry-After there is.
+--   "Gn" (a decision of its own): releases the member (ZREM); always ok, harmless when it is
+--        gone (lapsed, reset, released already, never taken). Reply { 1, 1, remaining, r }, r 1
+--        if the member was there (a worker retries the release of a decision that may run
+--        late until it hears 1), else 0.
+--   "Rn" (a decision of its own): renews the member to now + life if it is still there (after
+--        the pruning); a member gone has lapsed: reply { 0, 0, remaining, 0 }, nothing written.
+--   Both take cost 1, window = life, burst = the member.
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
 -- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
@@ -276,7 +292,14 @@ repeat
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
       local held = alg
-      if alg and #alg > 1 then
+      if alg == 'Gn' or alg == 'Rn' then
+        -- A slot's release or renewal: the member in the place of burst, as for n.
+        held = 'n'
+        burst = ARGV[p + 4] ~= '' and 0 or nil
+        if cost ~= 1 then
+          alg = '?'
+        end
+      elseif alg and #alg > 1 then
         -- A reserve field (checked here; the second pass reads it again) or a give-back, which
         -- keeps its two letters as `alg`. Anything else is refused as "?".
         if #alg == 2 then
@@ -291,8 +314,9 @@ repeat
           held = alg
         end
       end
-      if alg == 'r' then
-        -- The log does not burst: that field carries the member, a string that must not be empty.
+      if alg == 'r' or alg == 'n' then
+        -- The log does not burst, nor does a concurrency zone: that field carries the member, a
+        -- string that must not be empty.
         burst = ARGV[p + 4] ~= '' and 0 or nil
       end
       for j = 1, i - 1 do
@@ -315,7 +339,9 @@ repeat
       end
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
           or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
-            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D' and #alg ~= 2)
+            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D' and alg ~= 'n'
+            and #alg ~= 2)
+          or (alg == 'n' and cost > 1)
           or (alg == 'B' and w ~= 1 and w ~= 2)
           or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
           or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
@@ -323,7 +349,7 @@ repeat
         break
       end
       local ok, v
-      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl' then
+      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl' and held ~= 'n' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
@@ -426,6 +452,21 @@ repeat
         ok = cost == 0 or balance >= cost
       elseif alg == 'B' or alg == 'D' then
         ok = true
+      elseif held == 'n' then
+        -- Concurrency (n, Gn, Rn): lapsed slots go first, whatever the decision.
+        local gone = pcall_redis('ZREMRANGEBYSCORE', key, '-inf', now_s)
+        if type(gone) == 'table' then
+          result = gone
+          break
+        end
+        local used, mine = call('ZCARD', key), call('ZSCORE', key, ARGV[p + 4]) ~= false
+        s1[i], s2[i] = used, mine
+        if alg == 'n' then
+          ok = mine or used + cost <= limit
+        else
+          -- A release is always ok; a renewal, only while the slot is still there.
+          ok = alg == 'Gn' or mine
+        end
       elseif #alg == 2 then
         -- A give-back: read here, written in the second pass.
         if alg == 'Gl' then
@@ -766,6 +807,29 @@ repeat
         reset = 0
       elseif alg == 'D' then
         remaining, reset = call('DEL', key), 0
+      elseif alg == 'n' or alg == 'Gn' or alg == 'Rn' then
+        local used, mine, member = s1[i], s2[i], ARGV[p + 4]
+        local taken = (alg == 'n' and commit) or (alg == 'Rn' and mine)
+        if taken then
+          call('ZADD', key, format('%d', now + w), member)
+          if not mine then
+            used = used + 1
+          end
+          -- The key lives as long as its latest slot (zones of other lease times may share it
+          -- across a reload).
+          local top = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+          call('PEXPIRE', key, format('%d', max(1, tonumber(top[2]) - now)))
+        elseif alg == 'Gn' and mine then
+          call('ZREM', key, member)
+          used = used - 1
+        end
+        remaining, reset = max(0, limit - used), 0
+        if alg == 'Gn' and mine then
+          reset = 1
+        end
+        if alg == 'n' and not ok then
+          reset = 1000
+        end
       elseif #alg == 2 then
         -- A give-back of u units with its token; nothing is written if the reservation is gone.
         local v, u, token_in = s4[i], cost, burst

@@ -163,7 +163,9 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         window_ms,
         cost,
         burst: zone.burst,
-        member: None,
+        // A concurrency read names a member no request has (ids are hex): it counts the slots
+        // held, lapsed ones pruned, and takes none.
+        member: zone.concurrency().then_some(&b"admin"[..]),
         lease: None,
     };
 
@@ -269,6 +271,14 @@ fn answer(
     json_str(&mut out, &String::from_utf8_lossy(given));
     let balance = zone.algorithm == Algorithm::Balance;
     let rest = match op {
+        Op::Read if zone.concurrency() => {
+            // What Redis holds: the slots of requests in flight on every gateway.
+            let in_flight = limit.saturating_sub(remaining);
+            format!(
+                ",\"limit\":{limit},\"in_flight\":{in_flight},\"remaining\":{remaining},\
+                 \"lease_time_ms\":{window_ms}}}\n"
+            )
+        }
         Op::Reset => format!(",\"deleted\":{}}}\n", remaining > 0),
         Op::Set(_) | Op::Add(_) => format!(",\"balance\":{remaining}}}\n"),
         Op::Read if balance => format!(",\"balance\":{remaining},\"limit\":{limit}}}\n"),

@@ -24,6 +24,7 @@ use crate::module::RateLimit;
 use crate::quota::Period;
 use crate::redis::pool::WorkerPool;
 use crate::script::Algorithm;
+use crate::slots::Slots;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clock {
@@ -131,6 +132,16 @@ pub struct Zone {
     pub member: Option<*mut ngx_http_complex_value_t>,
     /// `lease=` and `lease_time=` (`crate::lease`); `None` for `lease=off`.
     pub lease: Option<LeaseConf>,
+    /// Where it was declared, for errors found once the whole `http{}` block is read.
+    pub at: (String, ngx_uint_t),
+}
+
+impl Zone {
+    /// `algorithm=concurrency`: its window field is the slot's life (`lease_time=`), its member
+    /// the request's `$request_id`.
+    pub fn concurrency(&self) -> bool {
+        self.algorithm == Algorithm::Concurrency
+    }
 }
 
 pub struct MainConf {
@@ -145,6 +156,9 @@ pub struct MainConf {
     /// This worker's reservations, created on the first zone that asks for one; given back at
     /// worker exit (`crate::giveback`).
     pub leases: RefCell<Option<Leases>>,
+    /// The concurrency slots this worker's requests hold, created on the first one; renewed by
+    /// the sweep of `crate::giveback` and released when their requests end.
+    pub slots: RefCell<Option<Slots>>,
     /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
     pub local: RefCell<Option<LocalLimiter>>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
@@ -172,6 +186,7 @@ impl Default for MainConf {
             pool: Cell::new(ptr::null_mut()),
             deny_cache: RefCell::new(None),
             leases: RefCell::new(None),
+            slots: RefCell::new(None),
             local: RefCell::new(None),
             local_size: None,
             metrics_size: None,
@@ -275,6 +290,14 @@ pub unsafe extern "C" fn merge_loc_conf(
         match mcf.zones.iter().position(|z| z.name == limit.name) {
             Some(i) => limit.zone = i,
             None => return fail(cf, limit, "unknown ratelimit zone \"%s\""),
+        }
+        if mcf.zones[limit.zone].concurrency() && !matches!(limit.cost, Param::Fixed(1)) {
+            return fail(
+                cf,
+                limit,
+                "ratelimit \"%s\" is a concurrency zone: a request holds one slot, cost= must \
+                 be 1",
+            );
         }
     }
     if !inherited {

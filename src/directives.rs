@@ -33,6 +33,7 @@ use crate::redis::resp;
 use crate::redis::tls;
 use crate::redis::tls_params::{Taken, TlsParams, PARAM_NAMES as TLS_PARAM_NAMES};
 use crate::script::Algorithm;
+use crate::slots::MIN_SLOT_MS;
 
 const LOC_CONTEXTS: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
@@ -541,6 +542,47 @@ unsafe extern "C" fn cmd_zone(
     }
     // A calendar period or a balance stands for the window.
     let algorithm = match (algorithm, period) {
+        (Some(Algorithm::Concurrency), _) => {
+            // A slot has no window: it lasts as long as its request, renewed meanwhile.
+            let refused = [
+                (
+                    window.is_some(),
+                    "\"window=\" is not for algorithm=concurrency: a slot is held \
+                 as long as its request runs",
+                ),
+                (period.is_some(), "\"period=\" is not for algorithm=concurrency"),
+                (
+                    lease.is_some(),
+                    "\"lease=\" is not for algorithm=concurrency: each slot is a \
+                 lease of its own, whose life \"lease_time=\" sets",
+                ),
+            ];
+            if let Some((_, what)) = refused.iter().find(|(bad, _)| *bad) {
+                return zone_error(cf, name, what);
+            }
+            // 0: not given, resolved once `ratelimit_redis`'s timeout is known (init_main_conf).
+            let life = lease_time.unwrap_or(0);
+            if lease_time.is_some() && life < MIN_SLOT_MS {
+                return zone_error(
+                    cf,
+                    name,
+                    &format!(
+                        "\"lease_time={life}ms\" is too short for algorithm=concurrency, \
+                         {MIN_SLOT_MS}ms at least: a slot is renewed every third of it"
+                    ),
+                );
+            }
+            window = Some(Param::Fixed(life));
+            lease_time = None;
+            if member.is_some() {
+                return zone_error(cf, name, "\"member=\" is not for algorithm=concurrency");
+            }
+            // The slot's member: the request's own id, unique across gateways.
+            let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
+            let Some(cv) = compile_complex_value(cf, &id, 0) else { return NGX_CONF_ERROR as _ };
+            member = Some(cv);
+            Algorithm::Concurrency
+        }
         (None, Some(_)) => Algorithm::CalendarQuota,
         (Some(a), None) => a,
         (None, None) => Algorithm::SlidingLog,
@@ -582,7 +624,7 @@ unsafe extern "C" fn cmd_zone(
         );
         return NGX_CONF_ERROR as _;
     }
-    if member.is_some() && algorithm != Algorithm::SlidingLog {
+    if member.is_some() && !matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency) {
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,
@@ -637,6 +679,7 @@ unsafe extern "C" fn cmd_zone(
         exact_key,
         member,
         lease,
+        at: (text(&(*(*cf).conf_file).file.name).to_owned(), (*(*cf).conf_file).line),
     });
     NGX_CONF_OK
 }

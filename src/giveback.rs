@@ -1,5 +1,8 @@
 //! Returning reservations' unspent units to Redis (`lease=`), without a request: a per-worker
 //! timer gives back what expired, and on graceful shutdown or reload everything still held.
+//! The same path releases concurrency slots when their requests end, and the same timer renews
+//! the slots of requests still running (`crate::slots`), all of them due in one tick together,
+//! so that the pool writes them as one script call.
 //!
 //! Best effort: the guarantee never depends on it (units not given back lapse in Redis at the
 //! end of their reservation), only under-admission does. While any reservation is held the
@@ -17,12 +20,13 @@ use ngx::ffi::{
 
 use crate::conf::MainConf;
 use crate::lease::GiveBack;
-use crate::metrics::LeaseEvent;
+use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::quota::Period;
 use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{Waiter, WorkerPool};
 use crate::redis::resp::Reply;
-use crate::script::EncodedArgs;
+use crate::script::{self, EncodedArgs, SlotOp, SlotRef};
+use crate::slots::{Held, Slots};
 
 /// How often expired reservations are looked for: a reservation's units go back at most this
 /// long after its end.
@@ -36,8 +40,8 @@ struct Sweep {
 
 static mut SWEEP: Option<Sweep> = None;
 
-/// Starts the sweep timer if it is not running: a reservation was just granted, or a key's
-/// demand is being counted.
+/// Starts the sweep timer if it is not running: a reservation was just granted, a key's
+/// demand is being counted, or a slot was taken.
 pub fn arm(mcf: &MainConf) {
     // SAFETY: a worker is one thread; the event is this module's own and `SWEEP` lives as long
     // as the process. The configuration outlives the worker's use of it.
@@ -59,20 +63,82 @@ pub fn arm(mcf: &MainConf) {
 unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     let Some(s) = (*ptr::addr_of_mut!(SWEEP)).as_mut() else { return };
     let mcf = &*s.mcf;
-    let back = {
-        let mut leases = mcf.leases.borrow_mut();
-        let Some(leases) = leases.as_mut() else { return };
+    let now = ngx_current_msec as u64;
+    let back = mcf.leases.borrow_mut().as_mut().map(|leases| {
         if ngx_exiting != 0 {
             leases.drain()
         } else {
-            leases.sweep(ngx_current_msec as u64)
+            leases.sweep(now)
         }
-    };
-    send(mcf, back);
+    });
+    send(mcf, back.into_iter().flatten());
+    renew(mcf, now);
+    if ngx_exiting != 0 {
+        // The orphans' releases just sent are their last: a worker on its way out waits for
+        // its requests, not for decisions that may never run (their slots would lapse).
+        if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+            slots.forget_orphans();
+        }
+    }
     let held = mcf.leases.borrow().as_ref().is_some_and(|l| !l.is_empty());
-    if held && ngx_exiting == 0 {
+    // Slots are renewed while their requests run, through a graceful shutdown or a reload too:
+    // those requests keep the worker anyway.
+    let slots = mcf.slots.borrow().as_ref().is_some_and(|s| s.renewing_any());
+    if (held && ngx_exiting == 0) || slots {
         ngx_add_timer(&mut s.ev, SWEEP_MS as _);
     }
+}
+
+/// Sends a renewal for every slot due and a release for every orphan: decisions of their own,
+/// queued in this one tick, so that the pool writes them together.
+fn renew(mcf: &MainConf, now: u64) {
+    let due: Vec<(What, EncodedArgs)> = {
+        let mut slots = mcf.slots.borrow_mut();
+        let Some(slots) = slots.as_mut() else { return };
+        let mut due = Vec::new();
+        for id in slots.due(now) {
+            if let Some(h) = slots.get(id) {
+                let args = EncodedArgs::slot_op(SlotOp::Renew, &h.slot_ref());
+                due.push((What::Renew { zone: h.zone, id }, args));
+            }
+        }
+        for id in slots.orphans_due(now) {
+            if let Some(h) = slots.orphan_slot(id) {
+                let args = EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref());
+                due.push((What::Orphan { id }, args));
+            }
+        }
+        due
+    };
+    for (what, args) in due {
+        if !submit_one(mcf, what, args) {
+            // Not even queued (Redis known down): tried again at the next tick.
+            answered(mcf, what, None);
+        }
+    }
+}
+
+/// Notes the members of a decision Redis may run after its request stopped waiting for it,
+/// for the sweep to release: `slots` as the decision named them.
+pub fn orphan<'a>(mcf: &MainConf, slots: impl Iterator<Item = (usize, SlotRef<'a>)>, now: u64) {
+    let mut any = false;
+    {
+        let mut table = mcf.slots.borrow_mut();
+        let table = table.get_or_insert_with(Slots::new);
+        for (zone, slot) in slots {
+            any |= table.orphan(zone, slot, now);
+        }
+    }
+    if any {
+        arm(mcf);
+    }
+}
+
+/// Releases the slot of a request that ended; the reply is waited for by no one. A release
+/// that fails leaves the slot to lapse at the end of its life, as a killed worker's does.
+pub fn release(mcf: &MainConf, held: Held) {
+    let args = EncodedArgs::slot_op(SlotOp::Release, &held.slot_ref());
+    submit_one(mcf, What::Release { zone: held.zone }, args);
 }
 
 std::thread_local! {
@@ -92,10 +158,22 @@ pub fn exit() {
     }
 }
 
-/// One give-back on its way.
+/// What a decision sent without a request does.
+#[derive(Clone, Copy)]
+enum What {
+    /// Returns a reservation's unspent units.
+    Units { zone: usize, units: u64 },
+    /// Releases a concurrency slot.
+    Release { zone: usize },
+    /// Renews the slot `id` of this worker's table.
+    Renew { zone: usize, id: u64 },
+    /// Releases the orphan `id`: a slot a late decision may have granted.
+    Orphan { id: u64 },
+}
+
+/// One give-back, release or renewal on its way.
 struct Returning {
-    zone: usize,
-    units: u64,
+    what: What,
     waiter: Waiter,
     ev: ngx_event_t,
     args: EncodedArgs,
@@ -105,38 +183,43 @@ struct Returning {
 
 /// Sends each give-back as a decision of its own; replies are not waited for by anyone.
 pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
-    let Some(redis) = mcf.redis.as_ref() else { return };
     for mut g in back {
         let zone = &mcf.zones[g.zone];
         // A calendar quota's window field is its period, as in its decisions.
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
-        let algorithm = zone.algorithm;
-        let r = Box::into_raw(Box::new(Returning {
-            zone: g.zone,
-            units: g.units,
-            waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
-            // SAFETY: all-zero is an idle event.
-            ev: unsafe { core::mem::zeroed() },
-            args: EncodedArgs::give_back(&g, algorithm),
-            retries: Retries::default(),
-            mcf,
-        }));
-        // SAFETY: `r` is this function's until handed to the event loop below; it is freed
-        // once, by `finish`, after which neither the pool nor a timer holds it.
-        unsafe {
-            let ret = &mut *r;
-            ret.waiter.ev = &mut ret.ev;
-            ret.ev.handler = Some(on_reply);
-            ret.ev.data = r as *mut c_void;
-            ret.ev.log = (*ngx_cycle).log;
-            if !submit(mcf, &mut ret.waiter, &ret.args) {
-                drop(Box::from_raw(r));
-                continue;
-            }
-            ngx_add_timer(&mut ret.ev, redis.timeout);
-            IN_FLIGHT.with(|f| f.borrow_mut().push(NonNull::new_unchecked(r)));
-        }
+        let args = EncodedArgs::give_back(&g, zone.algorithm);
+        submit_one(mcf, What::Units { zone: g.zone, units: g.units }, args);
     }
+}
+
+/// Queues one decision sent without a request; false if the pool refused it at once.
+fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> bool {
+    let Some(redis) = mcf.redis.as_ref() else { return false };
+    let r = Box::into_raw(Box::new(Returning {
+        what,
+        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+        // SAFETY: all-zero is an idle event.
+        ev: unsafe { core::mem::zeroed() },
+        args,
+        retries: Retries::default(),
+        mcf,
+    }));
+    // SAFETY: `r` is this function's until handed to the event loop below; it is freed once, by
+    // `finish`, after which neither the pool nor a timer holds it.
+    unsafe {
+        let ret = &mut *r;
+        ret.waiter.ev = &mut ret.ev;
+        ret.ev.handler = Some(on_reply);
+        ret.ev.data = r as *mut c_void;
+        ret.ev.log = (*ngx_cycle).log;
+        if !submit(mcf, &mut ret.waiter, &ret.args) {
+            drop(Box::from_raw(r));
+            return false;
+        }
+        ngx_add_timer(&mut ret.ev, redis.timeout);
+        IN_FLIGHT.with(|f| f.borrow_mut().push(NonNull::new_unchecked(r)));
+    }
+    true
 }
 
 unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
@@ -147,6 +230,7 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
         if let Some(token) = ret.waiter.token.take() {
             WorkerPool::cancel(token);
         }
+        answered(mcf, ret.what, None);
         return finish(NonNull::new_unchecked(r));
     }
     if ret.waiter.result.is_none() {
@@ -156,10 +240,60 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
     if let Follow::Resent = follow(mcf, &mut ret.waiter, &ret.args, &mut ret.retries) {
         return;
     }
-    if let Some(Ok(Reply::Array(_))) = ret.waiter.result {
-        mcf.metrics.get().lease(ret.zone, LeaseEvent::Returned, ret.units);
-    }
+    answered(mcf, ret.what, ret.waiter.result.as_ref());
     finish(NonNull::new_unchecked(r));
+}
+
+/// Counts what Redis answered (`None`: nothing in time) and tells the slot table of renewals.
+fn answered(
+    mcf: &MainConf,
+    what: What,
+    result: Option<&Result<Reply, crate::redis::pool::RedisError>>,
+) {
+    let reply = match result {
+        Some(Ok(reply @ Reply::Array(_))) => Some(reply),
+        _ => None,
+    };
+    let metrics = mcf.metrics.get();
+    match what {
+        What::Units { zone, units } => {
+            if reply.is_some() {
+                metrics.lease(zone, LeaseEvent::Returned, units);
+            }
+        }
+        What::Release { zone } => {
+            if reply.is_some() {
+                metrics.slot(zone, SlotEvent::Released);
+            }
+        }
+        What::Renew { zone, id } => {
+            let mut slots = mcf.slots.borrow_mut();
+            let Some(slots) = slots.as_mut() else { return };
+            match reply.map(|r| script::decode_decision(r, 1)) {
+                Some(Ok(d)) if d.allowed => {
+                    slots.renewed(id);
+                    metrics.slot(zone, SlotEvent::Renewed);
+                }
+                Some(Ok(_)) => {
+                    if slots.lapsed(id) {
+                        metrics.slot(zone, SlotEvent::Lapsed);
+                    }
+                }
+                // Redis failed or refused: the next tick tries again, before the slot lapses.
+                _ => slots.renew_failed(id),
+            }
+        }
+        What::Orphan { id } => {
+            let removed = match reply.map(|r| script::decode_decision(r, 1)) {
+                // A release answers 1 in its reset field when the member was there.
+                Some(Ok(d)) => d.zones[0].reset_ms == 1,
+                _ => false,
+            };
+            if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+                slots.orphan_answered(id, removed);
+            }
+        }
+    }
 }
 
 /// Frees a give-back that nothing holds any more.

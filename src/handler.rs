@@ -24,14 +24,15 @@ use crate::key::{cluster_value, shorten, Key, Piece};
 use crate::lease::{Ask, Figures, Leases};
 use crate::local_limit::{LocalLimiter, LocalZone};
 use crate::log_throttle::LogThrottle;
-use crate::metrics::LeaseEvent;
+use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::module::RateLimit;
 use crate::params::{parse_cost, parse_limit, parse_window};
 use crate::quota::Period;
 use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
 use crate::redis::invalidation::{self, Forget};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
-use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, ZoneArgs};
+use crate::script::{self, Algorithm, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
+use crate::slots::{local_decision, LocalPart, Slots};
 pub use crate::status::Status;
 
 /// Per main request, in its pool. Found again after an internal redirect through the pool's
@@ -59,6 +60,14 @@ pub struct Ctx {
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
     /// wait admits it, so no header may suggest one.
     beyond_capacity: bool,
+    /// The concurrency slots the request holds (ids in the worker's `Slots`), one per
+    /// concurrency zone, released by `cleanup` when the request ends.
+    slots: Vec<u64>,
+    /// `ratelimit_fail local`: the (zone, whole key) of each concurrency zone this worker
+    /// admitted the request in by itself, released by `cleanup` too.
+    local_slots: Vec<(usize, Vec<u8>)>,
+    /// The configuration that took them, for `cleanup`: it outlives the request.
+    mcf: *const MainConf,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -100,6 +109,12 @@ impl ZoneReq {
             member: self.member,
             lease: self.lease,
         }
+    }
+
+    /// A concurrency zone's slot as its release or renewal names it; `key` is the whole key.
+    fn slot<'a>(&'a self, key: &'a [u8]) -> Option<SlotRef<'a>> {
+        let member = self.member?;
+        Some(SlotRef { key, limit: self.limit, life_ms: self.window_ms, member })
     }
 
     fn ask(&self) -> Ask<'_> {
@@ -469,6 +484,45 @@ fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
     giveback::arm(mcf);
 }
 
+/// Notes the slots Redis granted an admitted request in its concurrency zones, so that the
+/// sweep renews them while it runs and `cleanup` releases them when it ends.
+fn take_slots(ctx: &mut Ctx, mcf: &MainConf) {
+    let mut slots = mcf.slots.borrow_mut();
+    for z in ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()) {
+        let key = z.key.parts().concat();
+        let Some(slot) = z.slot(&key) else { continue };
+        // Renewals count from when the decision was sent: Redis scored the slot later.
+        let id = slots.get_or_insert_with(Slots::new).take(z.zone, slot, ctx.started as u64);
+        ctx.slots.push(id);
+        mcf.metrics.get().slot(z.zone, SlotEvent::Taken);
+    }
+    drop(slots);
+    if !ctx.slots.is_empty() {
+        giveback::arm(mcf);
+    }
+}
+
+/// The request ended: its slots go back to Redis, once (the cleanup runs twice), and those this
+/// worker counted by itself (`ratelimit_fail local`) back to its count.
+unsafe fn release_slots(ctx: &mut Ctx) {
+    if ctx.slots.is_empty() && ctx.local_slots.is_empty() {
+        return;
+    }
+    // SAFETY: set with the slots from the request's configuration, which outlives it.
+    let mcf = &*ctx.mcf;
+    for (zone, key) in core::mem::take(&mut ctx.local_slots) {
+        if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+            slots.local_release(zone, &key);
+        }
+    }
+    for id in core::mem::take(&mut ctx.slots) {
+        let held = mcf.slots.borrow_mut().as_mut().and_then(|s| s.release(id));
+        if let Some(held) = held {
+            giveback::release(mcf, held);
+        }
+    }
+}
+
 /// Remembers the zones that rejected a request, for `rejected_from_memory`: until the retry-after
 /// when Redis tracks the key for this worker (a change to it is heard of at once), briefly
 /// otherwise.
@@ -509,6 +563,9 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         zones: Vec::new(),
         beyond_capacity: false,
         quota: None,
+        slots: Vec::new(),
+        local_slots: Vec::new(),
+        mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
     }))?;
     // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
     // the pool's runs again (harmlessly) after the access log and anchors the context for
@@ -548,10 +605,36 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 }
 
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
-/// once. The context itself stays readable for the access log. Idempotent: it runs twice.
+/// once and releases the request's concurrency slots. `ngx_http_free_request` runs it for every
+/// main request, aborted ones and reset HTTP/2 streams included, just before the access log
+/// (after a lingering close, if there is one). The context itself stays readable for the
+/// access log. Idempotent: it runs twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
+    if let Some(token) = ctx.waiter.token.take() {
+        // On the wire already: Redis may grant its slots to no one.
+        if WorkerPool::cancel(token) {
+            orphan_slots(ctx);
+        }
+    } else if ctx.status == Status::Pending && ctx.waiter.result.take().is_some() {
+        // Answered, the answer not read yet (its event still posted): it may grant slots.
+        orphan_slots(ctx);
+    }
     detach(&mut ctx.waiter, &mut ctx.ev);
+    release_slots(ctx);
+}
+
+/// The request stops waiting for a decision Redis may still run (its client went away, its
+/// deadline passed, its connection was lost): a slot that decision grants is released by the
+/// sweep, instead of lapsing unrenewed.
+unsafe fn orphan_slots(ctx: &Ctx) {
+    // SAFETY: the request's configuration outlives it (null only if it had none).
+    let Some(mcf) = ctx.mcf.as_ref() else { return };
+    let zones: Vec<&ZoneReq> =
+        ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()).collect();
+    let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
+    let slots = zones.iter().zip(&keys).filter_map(|(z, key)| Some((z.zone, z.slot(key)?)));
+    giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 
 /// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of
@@ -666,13 +749,30 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
                 keep_reservations(ctx, mcf, &mut d);
             }
+            if d.allowed {
+                take_slots(ctx, mcf);
+            }
             return record(ctx, &d);
         }
         Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
             Failure::WrongType(wrong_type_keys(ctx))
         }
         Ok(Err(e)) => Failure::Reply(e),
-        Err(e) => Failure::Redis(e),
+        Err(e) => {
+            // Lost on the wire or in Redis's hands (a timeout is one): it may still run there.
+            let written = matches!(
+                e,
+                RedisError::Timeout
+                    | RedisError::Closed
+                    | RedisError::Io
+                    | RedisError::Protocol(_)
+                    | RedisError::UnexpectedReply
+            );
+            if written {
+                orphan_slots(ctx);
+            }
+            Failure::Redis(e)
+        }
     };
     fail(ctx, lcf, mcf, failure);
 }
@@ -729,17 +829,40 @@ unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
     }
 }
 
-/// `ratelimit_fail local`: this worker's share of each zone, from its own memory. The share
-/// becomes the zones' limit for this request, so headers and variables report what was enforced.
-/// `None` when a key is new and the table is full of counters that still count.
+/// `ratelimit_fail local`: this worker's share of each zone, from its own memory: a rate zone's
+/// from the local limiter's counters, a concurrency zone's from this worker's requests in flight
+/// (a request rejected by one holds nothing and is charged nothing in the others, as with Redis).
+/// The share becomes the zones' limit for this request, so headers and variables report what
+/// was enforced. `None` when a key is new and the table is full of counters that still count.
 unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option<Status> {
     let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
     for z in &mut ctx.zones {
         z.limit = (z.limit / share).max(1);
     }
-    let zones: Vec<LocalZone<'_>> = ctx
+    let conc = |z: &ZoneReq| mcf.zones[z.zone].concurrency();
+    let keys: Vec<Vec<u8>> = ctx.zones.iter().map(|z| z.key.parts().concat()).collect();
+    let mut slots = mcf.slots.borrow_mut();
+    let slots = slots.get_or_insert_with(Slots::new);
+    let parts: Vec<LocalPart> = ctx
         .zones
         .iter()
+        .zip(&keys)
+        .map(|(z, key)| match conc(z) {
+            true => LocalPart::Concurrency {
+                in_flight: slots.local_in_flight(z.zone, key),
+                limit: z.limit,
+            },
+            false => LocalPart::Rate { limit: z.limit },
+        })
+        .collect();
+    let room = parts.iter().all(|p| match *p {
+        LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
+        LocalPart::Rate { .. } => true,
+    });
+    let rates: Vec<LocalZone<'_>> = ctx
+        .zones
+        .iter()
+        .filter(|z| !conc(z))
         .map(|z| LocalZone {
             zone: z.zone,
             key: z.value(),
@@ -748,9 +871,21 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option
             cost: z.cost,
         })
         .collect();
-    let mut local = mcf.local.borrow_mut();
-    let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
-    let d = local.decide(&zones, ngx_current_msec as u64)?;
+    let rate = match room && !rates.is_empty() {
+        true => {
+            let mut local = mcf.local.borrow_mut();
+            let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
+            Some(local.decide(&rates, ngx_current_msec as u64)?)
+        }
+        false => None,
+    };
+    let d = local_decision(&parts, rate.as_ref());
+    if d.allowed {
+        for (z, key) in ctx.zones.iter().zip(keys).filter(|(z, _)| conc(z)) {
+            slots.local_take(z.zone, &key);
+            ctx.local_slots.push((z.zone, key));
+        }
+    }
     record(ctx, &d);
     Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
 }
@@ -833,10 +968,13 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         let z = &ctx.zones[i];
         let name = mcf.zones[z.zone].name.as_str();
         let (limit, window_ms) = (z.limit, z.window_ms);
+        let concurrency = mcf.zones[z.zone].concurrency();
         let quota = Quota {
             zone: name,
             limit,
-            window_ms: policy_window(mcf, z),
+            // A concurrency zone announces no window, yet waiting does free slots: its
+            // rejection says when to retry.
+            window_ms: if concurrency { window_ms } else { policy_window(mcf, z) },
             remaining,
             reset_ms,
             rejected,
@@ -857,11 +995,12 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         // A rejection from memory repeats one already logged; local ones are the outage's.
         if decided_by_redis {
             let dry_run = if rejected { "" } else { ", dry run," };
+            let per = if concurrency { "in flight".into() } else { format!("per {window_ms}ms") };
             ngx_log_error!(
                 lcf.log_level(),
                 (*(*r).connection).log,
-                "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} per \
-                 {window_ms}ms, retry in {reset_ms}ms"
+                "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} {per}, \
+                 retry in {reset_ms}ms"
             );
         }
     }
@@ -875,9 +1014,10 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     }
 }
 
-/// The window the headers announce: none for a balance, which only an operator refills.
+/// The window the headers announce: none for a balance, which only an operator refills, nor for
+/// a concurrency zone, whose slots are held as long as their requests run.
 fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
-    if mcf.zones[z.zone].algorithm == Algorithm::Balance {
+    if matches!(mcf.zones[z.zone].algorithm, Algorithm::Balance | Algorithm::Concurrency) {
         0
     } else {
         z.window_ms

@@ -15,6 +15,7 @@ pub mod params;
 pub mod quota;
 pub mod redis;
 pub mod script;
+pub mod slots;
 pub mod status;
 pub mod text;
 

@@ -117,6 +117,30 @@ pub enum LeaseEvent {
 
 pub const LEASE_EVENTS: [(LeaseEvent, &str); 2] =
     [(LeaseEvent::Reserved, "reserved"), (LeaseEvent::Returned, "returned")];
+
+/// What happens to concurrency slots (`algorithm=concurrency`), counted per zone. Slots in
+/// flight are not among them: what Redis holds is what `ratelimit_admin` reads, whereas
+/// taken − released − lapsed also counts the slots of a worker that died. Only concurrency zones
+/// count them, in a block of their own in the shared zone (named `<zone>/slots`, which no zone
+/// name can be): the other zones' blocks keep to nginx's 128-byte slab class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotEvent {
+    /// Granted to a request.
+    Taken,
+    /// Given back at its request's end (Redis answered).
+    Released,
+    /// Renewed while its request ran.
+    Renewed,
+    /// Found gone by a renewal: its life ran out first (Redis slow or away) or it was reset.
+    Lapsed,
+}
+
+pub const SLOT_EVENTS: [(SlotEvent, &str); 4] = [
+    (SlotEvent::Taken, "taken"),
+    (SlotEvent::Released, "released"),
+    (SlotEvent::Renewed, "renewed"),
+    (SlotEvent::Lapsed, "lapsed"),
+];
 const R_BUCKETS: usize = 0;
 const R_COUNT: usize = R_BUCKETS + BUCKETS_US.len();
 const R_SUM_US: usize = R_COUNT + 1;
@@ -134,7 +158,7 @@ const WORKER_CELLS: usize = 1;
 
 /// The cells of a snapshot of `zones` zones.
 const fn cells(zones: usize) -> usize {
-    zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS
+    zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS + zones * SLOT_EVENTS.len()
 }
 
 /// A handle on the shared cells, copied wherever outcomes happen. Disabled (null) when the
@@ -203,6 +227,17 @@ impl Metrics {
         }
     }
 
+    /// Concurrency slots of `zone` taken, released, renewed or lapsed.
+    pub fn slot(&self, zone: usize, event: SlotEvent) {
+        let i = SLOT_EVENTS.iter().position(|&(e, _)| e == event).unwrap_or(0);
+        // SAFETY: `new`'s contract.
+        if let Some(c) = unsafe { self.cells.as_ref() } {
+            if let Some(&block) = c.slots.get(zone).filter(|b| !b.is_null()) {
+                Self::add(block, i, 1);
+            }
+        }
+    }
+
     /// One script call's round trip, from its write to its reply.
     pub fn round_trip(&self, us: u64) {
         if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
@@ -260,6 +295,13 @@ impl Metrics {
         }
         out.extend(read(c.redis, REDIS_CELLS));
         out.extend(read(c.worker, WORKER_CELLS));
+        // Slot events last, per zone (zeros for the zones without a block).
+        for z in 0..c.zones.len() {
+            match c.slots.get(z).copied().filter(|b| !b.is_null()) {
+                Some(block) => out.extend(read(block, SLOT_EVENTS.len())),
+                None => out.extend(core::iter::repeat_n(0, SLOT_EVENTS.len())),
+            }
+        }
         Some(out)
     }
 }
@@ -280,6 +322,11 @@ impl View<'_> {
     /// Units of `LEASE_EVENTS[i]`.
     pub fn lease(&self, zone: usize, i: usize) -> u64 {
         self.cells[zone * ZONE_CELLS + Z_LEASE + i]
+    }
+    /// Slots of `SLOT_EVENTS[i]`.
+    pub fn slot(&self, zone: usize, i: usize) -> u64 {
+        let at = self.zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS;
+        self.cells[at + zone * SLOT_EVENTS.len() + i]
     }
     fn redis(&self, i: usize) -> u64 {
         self.cells[self.zones * ZONE_CELLS + i]
@@ -325,6 +372,8 @@ pub(crate) fn test_metrics(zones: usize) -> Metrics {
         zones: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
         redis: block(REDIS_CELLS),
         worker: block(WORKER_CELLS),
+        // Every zone of a test counts slot events.
+        slots: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
     }));
     // SAFETY: leaked, so alive for the rest of the test.
     unsafe { Metrics::new(cells) }
@@ -352,6 +401,15 @@ mod tests {
         let v = View { cells: &cells, zones: 2 };
         assert_eq!((v.lease(1, 0), v.lease(1, 1)), (0, 5));
         assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1 + 5);
+        m.slot(0, SlotEvent::Renewed);
+        m.slot(0, SlotEvent::Renewed);
+        m.slot(1, SlotEvent::Lapsed);
+        let cells = m.snapshot().unwrap();
+        let v = View { cells: &cells, zones: 2 };
+        assert_eq!((0..4).map(|i| v.slot(0, i)).collect::<Vec<_>>(), [0, 0, 2, 0]);
+        assert_eq!(v.slot(1, 3), 1);
+        assert_eq!(v.lease(1, 1), 5, "slot events have cells of their own");
+        assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1 + 5 + 3);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_log_error;
 
-use crate::conf::{merge_loc_conf, LocConf, MainConf};
+use crate::conf::{merge_loc_conf, LocConf, MainConf, Param};
 use crate::redis::pool::WorkerPool;
 use crate::{auth_target, directives, handler, script, variables};
 
@@ -56,7 +56,7 @@ unsafe impl HttpModuleLocationConf for RateLimit {
 unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
     // Hash the script once, in the master: every worker inherits it.
     script::script();
-    let mcf = &*(conf as *const MainConf);
+    let mcf = &mut *(conf as *mut MainConf);
     if let (Some((file, line)), None) = (&mcf.metrics_used, mcf.metrics_size) {
         ngx_log_error!(
             NGX_LOG_EMERG,
@@ -64,6 +64,29 @@ unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *
             "\"ratelimit_metrics\" needs \"ratelimit_metrics_zone\" in {file}:{line}"
         );
         return NGX_CONF_ERROR as _;
+    }
+    // A slot must outlive a renewal that times out, and the next one: checked once both
+    // `ratelimit_redis` and the zones are read, whatever their order.
+    let timeout = mcf.redis.as_ref().map_or(0, |r| r.timeout as u64);
+    let least = crate::slots::min_life_for(timeout);
+    for z in mcf.zones.iter_mut().filter(|z| z.concurrency()) {
+        // No lease_time=: the default, or longer if the timeout asks for it.
+        if let Param::Fixed(0) = z.window {
+            z.window = Param::Fixed(crate::slots::DEFAULT_SLOT_MS.max(least));
+        }
+        let (Param::Fixed(life), (file, line)) = (z.window, &z.at) else { continue };
+        if life < least {
+            ngx_log_error!(
+                NGX_LOG_EMERG,
+                (*cf).log,
+                "\"ratelimit_zone\" directive \"{}\": \"lease_time={life}ms\" is too short for \
+                 \"timeout={timeout}ms\" of \"ratelimit_redis\": a slot is renewed every third of \
+                 its life and a renewal may take the whole timeout, use {least}ms or more in \
+                 {file}:{line}",
+                z.name
+            );
+            return NGX_CONF_ERROR as _;
+        }
     }
     core::ptr::null_mut()
 }

@@ -117,6 +117,10 @@ pub enum Algorithm {
     BalanceAdmin,
     /// Not a zone's: `ratelimit_admin`'s `DELETE` removes the key, whatever its algorithm.
     Reset,
+    /// `limit` requests in flight per key, no window: each admitted request holds a slot, a
+    /// sorted-set member of its own scored by when the slot lapses (`crate::slots`). The window
+    /// field carries the slot's life, the burst field the member.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -127,6 +131,7 @@ impl Algorithm {
             "sliding_counter" => Some(Algorithm::SlidingCounter),
             "gcra" => Some(Algorithm::Gcra),
             "balance" => Some(Algorithm::Balance),
+            "concurrency" => Some(Algorithm::Concurrency),
             _ => None,
         }
     }
@@ -142,6 +147,7 @@ impl Algorithm {
             Algorithm::Balance => b"b",
             Algorithm::BalanceAdmin => b"B",
             Algorithm::Reset => b"D",
+            Algorithm::Concurrency => b"n",
         }
     }
 
@@ -154,7 +160,8 @@ impl Algorithm {
     /// Above that, `sliding_counter` and `gcra` are O(1) per key.
     pub fn max_limit(self) -> u64 {
         match self {
-            Algorithm::SlidingLog => 100_000,
+            // A member per request in flight, as the log keeps one per unit.
+            Algorithm::SlidingLog | Algorithm::Concurrency => 100_000,
             Algorithm::SlidingLogPacked => 10_000,
             Algorithm::SlidingCounter
             | Algorithm::Gcra
@@ -173,7 +180,8 @@ impl Algorithm {
             Algorithm::SlidingLog
             | Algorithm::SlidingLogPacked
             | Algorithm::SlidingCounter
-            | Algorithm::CalendarQuota => limit,
+            | Algorithm::CalendarQuota
+            | Algorithm::Concurrency => limit,
         }
     }
 }
@@ -190,6 +198,7 @@ pub struct ZoneArgs<'a> {
     pub burst: u64,
     /// `sliding_log` with `member=request_id`: the request's id, the base of its members. It
     /// goes as algorithm `r`, in the place of `burst`, which the log does not use.
+    /// `concurrency`: the request's member, in the same place.
     pub member: Option<&'a [u8]>,
     /// `lease=`: the units to reserve besides the cost (0: none, an exact decision) and the
     /// reservation's life in ms. The zone then goes as `<letter>+<want>:<life>`.
@@ -236,7 +245,10 @@ impl EncodedArgs {
         }
         let mut leased = Vec::new();
         for (i, z) in zones.enumerate() {
-            let code = if z.member.is_some() { b"r" } else { z.algorithm.code() };
+            let code = match z.algorithm {
+                Algorithm::SlidingLog if z.member.is_some() => b"r",
+                a => a.code(),
+            };
             match z.lease {
                 Some((want, life_ms)) => {
                     leased.resize(count, false);
@@ -277,6 +289,20 @@ impl EncodedArgs {
         EncodedArgs { bytes, keys_len, zones: 1, leased: Vec::new() }
     }
 
+    /// A concurrency slot's release (`Gn`) or renewal (`Rn`), a decision of its own.
+    pub fn slot_op(op: SlotOp, s: &SlotRef<'_>) -> Self {
+        let mut bytes = Vec::with_capacity(s.key.len() + s.member.len() + 64);
+        resp::put_bulk(&mut bytes, s.key);
+        let keys_len = bytes.len();
+        resp::put_bulk(&mut bytes, b"");
+        resp::put_bulk(&mut bytes, if op == SlotOp::Release { b"Gn" } else { b"Rn" });
+        resp::put_bulk_int(&mut bytes, s.limit);
+        resp::put_bulk_int(&mut bytes, s.life_ms);
+        resp::put_bulk_int(&mut bytes, 1);
+        resp::put_bulk(&mut bytes, s.member);
+        EncodedArgs { bytes, keys_len, zones: 1, leased: Vec::new() }
+    }
+
     /// Whether zone `i` asked for a reservation.
     pub fn leased(&self, i: usize) -> bool {
         self.leased.get(i).copied().unwrap_or(false)
@@ -306,6 +332,23 @@ impl EncodedArgs {
     fn argv_count(&self) -> usize {
         1 + self.zones * ARGS_PER_ZONE
     }
+}
+
+/// What a worker does to a slot it holds, without a request deciding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotOp {
+    Release,
+    Renew,
+}
+
+/// A slot as its release or renewal names it: the whole Redis key, the zone's limit (for the
+/// remaining count the reply carries), the slot's life and the request's member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef<'a> {
+    pub key: &'a [u8],
+    pub limit: u64,
+    pub life_ms: u64,
+    pub member: &'a [u8],
 }
 
 /// What one zone said about a request.
@@ -521,6 +564,24 @@ mod tests {
         };
         let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
         assert_call(&args, &["1", "rl:api:a", "", "Gl", "100", "60000", "3", "1234"]);
+    }
+
+    #[test]
+    fn a_concurrency_zone_sends_its_member_and_a_slot_is_released_or_renewed_alone() {
+        let mut z = zone(Key::new(b"rl:", b"conc", b"a"), Algorithm::Concurrency, 1);
+        z.member = Some(b"f00d");
+        z.window_ms = 5000;
+        let args = EncodedArgs::new([z].into_iter(), None);
+        assert_call(&args, &["1", "rl:conc:a", "", "n", "100", "5000", "1", "f00d"]);
+        let s = SlotRef { key: b"rl:conc:a", limit: 5, life_ms: 5000, member: b"f00d" };
+        let release = EncodedArgs::slot_op(SlotOp::Release, &s);
+        assert_call(&release, &["1", "rl:conc:a", "", "Gn", "5", "5000", "1", "f00d"]);
+        let renew = EncodedArgs::slot_op(SlotOp::Renew, &s);
+        assert_call(&renew, &["1", "rl:conc:a", "", "Rn", "5", "5000", "1", "f00d"]);
+        // A renewal that finds the slot gone: not allowed, the zone not ok.
+        assert!(!decode_decision(&ints(&[0, 0, 4, 0]), 1).unwrap().allowed);
+        assert_eq!(Algorithm::parse("concurrency"), Some(Algorithm::Concurrency));
+        assert_eq!(Algorithm::Concurrency.capacity(5, 1), 5);
     }
 
     #[test]

@@ -41,6 +41,9 @@
 #   ratelimit_status  200, 600, abc; twice
 #   ratelimit_zone exact_key=yes; member=foo; member=request_id with gcra; lease=some,
 #   lease_time=0, lease_time= alone, lease= with member=request_id
+#   ratelimit_zone algorithm=concurrency with window=, lease=, period=, burst=,
+#                     member=, lease_time=500ms (below 1s) or abc, limit=100001,
+#                     lease_time=2s with timeout=1s; a concurrency zone used with cost=2
 #   ratelimit_dry_run foo; twice
 #   ratelimit_metrics_zone 8k; twice; ratelimit_metrics with an argument, without the zone
 #   ratelimit_headers foo
@@ -271,6 +274,27 @@ my @rows = (
         'ratelimit_zone', qr/"lease_time=" needs "lease="/],
     ['ratelimit_zone: lease= with member=request_id', zone('limit=2 window=10s lease=auto member=request_id'), '',
         'ratelimit_zone', qr/cannot reserve with "member=request_id"/],
+    ['concurrency: window=', zone('limit=5 algorithm=concurrency window=10s'), '',
+        'ratelimit_zone', qr/"window=" is not for algorithm=concurrency/],
+    ['concurrency: lease=', zone('limit=5 algorithm=concurrency lease=auto'), '',
+        'ratelimit_zone', qr/"lease=" is not for algorithm=concurrency/],
+    ['concurrency: period=', zone('limit=5 algorithm=concurrency period=day'), '',
+        'ratelimit_zone', qr/"period=" is not for algorithm=concurrency/],
+    ['concurrency: lease_time=500ms', zone('limit=5 algorithm=concurrency lease_time=500ms'), '',
+        'ratelimit_zone', qr/"lease_time=500ms" is too short/],
+    ['concurrency: lease_time=abc', zone('limit=5 algorithm=concurrency lease_time=abc'), '',
+        'ratelimit_zone', qr/"lease_time=abc"/],
+    ['concurrency: burst=', zone('limit=5 algorithm=concurrency burst=3'), '',
+        'ratelimit_zone', qr/"burst=" .* needs algorithm=gcra/],
+    ['concurrency: member=', zone('limit=5 algorithm=concurrency member=request_id'), '',
+        'ratelimit_zone', qr/"member=" is not for algorithm=concurrency/],
+    ['concurrency: limit=100001', zone('limit=100001 algorithm=concurrency'), '',
+        'ratelimit_zone', qr/limit=100001/],
+    ['concurrency: lease_time under 3 x (timeout + 100ms)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=1s;\nratelimit_zone api key=\$arg_k limit=5 algorithm=concurrency lease_time=2s; #<-", '',
+        'ratelimit_zone', qr/"lease_time=2000ms" is too short for "timeout=1000ms".*3300ms/],
+    ['concurrency: cost=2', "$R\nratelimit_zone c key=\$arg_k limit=5 algorithm=concurrency;",
+        "location /c { ratelimit c cost=2; #<-\n}", 'ratelimit', qr/"c" is a concurrency zone: .*cost= must be 1/],
     ['ratelimit_metrics_zone 8k', "$R\n$Z\nratelimit_metrics_zone 8k; #<-", '',
         'ratelimit_metrics_zone', qr/"8k"/],
     ['ratelimit_metrics_zone twice', "$R\n$Z\nratelimit_metrics_zone 64k;\nratelimit_metrics_zone 64k; #<-", '',

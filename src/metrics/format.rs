@@ -2,7 +2,10 @@
 
 use core::fmt::{self, Write};
 
-use super::{Counter, Gauge, View, BUCKETS_US, ERROR_KINDS, LEASE_EVENTS, REPLY_CLASSES, STATUSES};
+use super::{
+    Counter, Gauge, View, BUCKETS_US, ERROR_KINDS, LEASE_EVENTS, REPLY_CLASSES, SLOT_EVENTS,
+    STATUSES,
+};
 
 /// What the figures are about: the zone names (in layout order) and the Redis server's name.
 pub struct Labels<'a> {
@@ -114,6 +117,15 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
                 writeln!(o, "{u}{{zone=\"{}\",event=\"{event}\"}} {n}", Escaped(name))?;
             }
         }
+        let s = "ratelimit_concurrency_slots_total";
+        writeln!(o, "# HELP {s} Concurrency slots taken, released, renewed, and found lapsed.")?;
+        writeln!(o, "# TYPE {s} counter")?;
+        for (z, name) in l.zones.iter().enumerate() {
+            for (i, (_, event)) in SLOT_EVENTS.iter().enumerate() {
+                let n = v.slot(z, i);
+                writeln!(o, "{s}{{zone=\"{}\",event=\"{event}\"}} {n}", Escaped(name))?;
+            }
+        }
         let h = "ratelimit_redis_call_duration_seconds";
         writeln!(o, "# HELP {h} Round trip of one script call, from its write to its reply.")?;
         writeln!(o, "# TYPE {h} histogram")?;
@@ -170,6 +182,11 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
             for (i, (_, event)) in LEASE_EVENTS.iter().enumerate() {
                 let sep = if i == 0 { "" } else { "," };
                 write!(o, "{sep}\"{event}\":{}", v.lease(z, i))?;
+            }
+            o.write_str("},\"concurrency_slots\":{")?;
+            for (i, (_, event)) in SLOT_EVENTS.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                write!(o, "{sep}\"{event}\":{}", v.slot(z, i))?;
             }
             o.write_str("}}")?;
         }

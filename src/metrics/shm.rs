@@ -67,12 +67,24 @@ unsafe extern "C" fn init_zone(zone: *mut ngx_shm_zone_t, old: *mut c_void) -> n
         dir = store::create(&mut slab);
         (*pool).data = dir as *mut c_void;
     }
-    let zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
+    // Concurrency zones count their slot events in a block of their own, found by a name no
+    // zone can have ('/' is not allowed in zone names), so that it is kept across reloads too.
+    let slot_names: Vec<String> =
+        mcf.zones.iter().filter(|z| z.concurrency()).map(|z| format!("{}/slots", z.name)).collect();
+    let mut zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
+    zones.extend(slot_names.iter().map(String::as_str));
     let server = mcf.redis.as_ref().map_or("", |r| r.name.as_str());
     // SAFETY: the master alone sets up cycles, one at a time.
     let cells = if dir.is_null() { None } else { store::attach(dir, &mut slab, &zones, server) };
     match cells {
-        Some(cells) => {
+        Some(mut cells) => {
+            let mut slot_blocks = cells.zones.split_off(mcf.zones.len()).into_iter();
+            cells.slots = mcf
+                .zones
+                .iter()
+                .map(|z| if z.concurrency() { slot_blocks.next() } else { None })
+                .map(|b| b.unwrap_or(ptr::null()))
+                .collect();
             let cells = mcf.metrics_cells.get_or_init(|| cells);
             // SAFETY: the cells live in `mcf`, as long as every handle of this cycle; their
             // blocks stay in the zone, mapped in every worker, for the life of the zone.

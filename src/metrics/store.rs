@@ -80,12 +80,14 @@ impl Entry {
 }
 
 /// Where one configuration counts: a block per zone (in the configuration's order), its Redis
-/// server's block and the workers' cells.
+/// server's block and the workers' cells; per zone, the block of its concurrency slot events
+/// (null for the zones that have none).
 #[derive(Debug)]
 pub struct Cells {
     pub zones: Vec<*const AtomicU64>,
     pub redis: *const AtomicU64,
     pub worker: *const AtomicU64,
+    pub slots: Vec<*const AtomicU64>,
 }
 
 /// A new, empty directory, or null when the zone has no room for it.
@@ -123,7 +125,12 @@ pub unsafe fn attach(
         }
     }
     let mut cells = found.into_iter().map(|e| Entry::cells_of(e));
-    Some(Cells { redis: cells.next()?, zones: cells.collect(), worker: (*dir).worker.as_ptr() })
+    Some(Cells {
+        redis: cells.next()?,
+        zones: cells.collect(),
+        worker: (*dir).worker.as_ptr(),
+        slots: Vec::new(),
+    })
 }
 
 unsafe fn entries(dir: *mut Directory) -> impl Iterator<Item = *mut Entry> {

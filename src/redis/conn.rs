@@ -267,21 +267,24 @@ impl Conn {
     }
 
     /// Detaches a waiter: a queued decision is dropped unsent, one in flight leaves a tombstone.
+    /// True if it was in flight: Redis may still run it.
     ///
     /// # Safety
     /// The token's waiter is pending, so its connection is alive.
-    pub unsafe fn cancel(token: Token) {
+    pub unsafe fn cancel(token: Token) -> bool {
         let conn = &mut *token.conn.as_ptr();
         let seq = token.seq;
         let i = conn.queued.partition_point(|q| q.seq < seq);
         if conn.queued.get(i).is_some_and(|q| q.seq == seq) {
             conn.queued.remove(i);
-            return;
+            return false;
         }
         let i = conn.in_flight.partition_point(|&(s, _, _)| s < seq);
         if let Some(slot) = conn.in_flight.get_mut(i).filter(|(s, _, _)| *s == seq) {
             slot.1 = None;
+            return true;
         }
+        false
     }
 
     /// Closes the connection and fails every decision still waiting on it. Nothing may touch

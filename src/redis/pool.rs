@@ -275,8 +275,9 @@ impl WorkerPool {
         }
     }
 
-    /// Detaches a waiter from its slot; the reply, when it comes, is dropped.
-    pub fn cancel(token: Token) {
+    /// Detaches a waiter from its slot; the reply, when it comes, is dropped. True if the
+    /// command had been written: Redis may still run it.
+    pub fn cancel(token: Token) -> bool {
         // SAFETY: a token is only held by a pending waiter, whose connection is alive.
         unsafe { Conn::cancel(token) }
     }
