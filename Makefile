@@ -27,6 +27,8 @@
 #                       per decision (bench/topology.sh)
 #   make bench-lease    no limiter vs exact vs lease=auto, 1 worker: busy keys, Zipf, uniform,
 #                       and a paced key's under-admission (bench/lease.sh)
+#   make bench-concurrency  what held concurrency slots cost Redis per slot per second, by
+#                       lease_time and slots in flight (bench/concurrency.sh)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -482,6 +484,12 @@ bench-topology: deps-bench
 bench-lease: deps-bench
 	$(MAKE) build
 	bench/lease.sh
+
+# Redis's cost of keeping concurrency slots renewed, by lease_time (about 3 minutes).
+.PHONY: bench-concurrency
+bench-concurrency: deps-bench
+	$(MAKE) build
+	bench/concurrency.sh
 
 fmt:
 	$(CARGO) fmt --all

@@ -48,7 +48,8 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(zscores($k), join(',', "r1\@" . ($T0 + 1000), "r2\@" . ($T0 + 1001), "r3\@" . ($T0 + 1002)),
         "$tag: one member per request, scored by its lapse; the rejected one wrote nothing");
     my $ttl = redis_cmd('PTTL', $k);
-    ok($ttl > 990 && $ttl <= 1002, "$tag: the key lives as long as its latest slot (PTTL $ttl)");
+    # Redis's own clock runs between the calls: a loaded machine took tens of ms.
+    ok($ttl > 500 && $ttl <= 1002, "$tag: the key lives as long as its latest slot (PTTL $ttl)");
     # A request that holds its member already keeps it: no second slot.
     is(take($T0 + 4, $k, 'r3'), '1 | 1 0 0', "$tag: the same member again: still one slot");
     # A read (cost 0) counts without taking.

@@ -28,8 +28,7 @@ start_nginx(workers => 2, http_config => <<"EOF", config => <<'EOF');
     ratelimit_metrics_zone 64k;
     upstream backend { server 127.0.0.1:$BPORT; }
     server {
-        listen 127.0.0.1:$H2;
-        http2 on;
+        listen 127.0.0.1:$H2 http2;
         location /one { ratelimit one; proxy_pass http://backend; }
     }
 EOF

@@ -46,7 +46,8 @@ my $t0 = time;
 my $gone = wait_until(4, sub { in_flight('kn') == 0 }, 0.02);
 my $lapse = time - $t0;
 ok($gone, sprintf('cut: gateway 1\'s slots lapsed %.2f s after it lost Redis', $lapse));
-cmp_ok($lapse, '<=', 2.2, 'cut: within lease_time (2 s) and a poll');
+# A poll is an admin request through a loaded machine: half a second of room.
+cmp_ok($lapse, '<=', 2.5, 'cut: within lease_time (2 s) and a poll');
 my $res = http_parallel([map { { port => gw(2), request => "GET /c?k=kn&hold=1&m=$_" } } 1 .. 6]);
 is(join(' ', sort map { $_->{status} // 'none' } @$res), '200 200 200 200 200 429',
     'cut: gateway 2 goes on, admitting the whole limit again');

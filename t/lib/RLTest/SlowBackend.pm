@@ -82,14 +82,20 @@ sub serve {
             $end = time;
             last unless defined syswrite $c, "tick\n";
         }
+        logged($log, $begin, $end // time, $uri);
     } else {
         sleep $hold;
         $end = time;
+        logged($log, $begin, $end, $uri);
         syswrite $c, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n";
     }
-    $end //= time;
     close $c;
-    # One line per request, appended whole under a lock: children write at once.
+}
+
+# One line per request, appended whole under a lock (children write at once), before the
+# client can see its response end: a test reads the log as soon as its responses are in.
+sub logged {
+    my ($log, $begin, $end, $uri) = @_;
     open my $fh, '>>', $log or return;
     flock $fh, LOCK_EX;
     printf $fh "%.6f %.6f %s\n", $begin, $end, $uri;
