@@ -81,8 +81,10 @@
 --        gone (lapsed, reset, released already, never taken). Reply { 1, 1, remaining, r }, r 1
 --        if the member was there (a worker retries the release of a decision that may run
 --        late until it hears 1), else 0.
---   "Rn" (a decision of its own): renews the member to now + life if it is still there (after
---        the pruning); a member gone has lapsed: reply { 0, 0, remaining, 0 }, nothing written.
+--   "Rn" (a decision of its own): renews the member to now + life; a member gone (lapsed after
+--        the pruning, or lost with Redis's data) is written back, whatever the room, since its
+--        request is still in flight: reply { 0, 0, remaining, 0 } then ({ 1, 1, ... } when it
+--        was there), remaining counting it.
 --   Both take cost 1, window = life, burst = the member.
 -- A decision's zones run up to the next clock (a number or "", never an algorithm); the last
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
@@ -809,7 +811,10 @@ repeat
         remaining, reset = call('DEL', key), 0
       elseif alg == 'n' or alg == 'Gn' or alg == 'Rn' then
         local used, mine, member = s1[i], s2[i], ARGV[p + 4]
-        local taken = (alg == 'n' and commit) or (alg == 'Rn' and mine)
+        -- A renewal writes its member back even when it was gone: its request is in flight, so
+        -- slots lost with Redis's data (or lapsed while the worker could not reach it) count
+        -- again one renewal later, instead of for as long as their requests run.
+        local taken = (alg == 'n' and commit) or alg == 'Rn'
         if taken then
           call('ZADD', key, format('%d', now + w), member)
           if not mine then

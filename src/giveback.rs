@@ -26,7 +26,7 @@ use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{Waiter, WorkerPool};
 use crate::redis::resp::Reply;
 use crate::script::{self, EncodedArgs, SlotOp, SlotRef};
-use crate::slots::{Held, Slots};
+use crate::slots::{Release, Renewal, Slots};
 
 /// How often expired reservations are looked for: a reservation's units go back at most this
 /// long after its end.
@@ -102,12 +102,15 @@ fn renew(mcf: &MainConf, now: u64) {
                 due.push((What::Renew { zone: h.zone, id }, args));
             }
         }
-        for id in slots.orphans_due(now) {
+        let mut lapsed = Vec::new();
+        for id in slots.orphans_due(now, &mut lapsed) {
             if let Some(h) = slots.orphan_slot(id) {
                 let args = EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref());
                 due.push((What::Orphan { id }, args));
             }
         }
+        let metrics = mcf.metrics.get();
+        lapsed.into_iter().for_each(|zone| metrics.slot(zone, SlotEvent::Lapsed));
         due
     };
     for (what, args) in due {
@@ -134,11 +137,24 @@ pub fn orphan<'a>(mcf: &MainConf, slots: impl Iterator<Item = (usize, SlotRef<'a
     }
 }
 
-/// Releases the slot of a request that ended; the reply is waited for by no one. A release
-/// that fails leaves the slot to lapse at the end of its life, as a killed worker's does.
-pub fn release(mcf: &MainConf, held: Held) {
-    let args = EncodedArgs::slot_op(SlotOp::Release, &held.slot_ref());
-    submit_one(mcf, What::Release { zone: held.zone }, args);
+/// Releases the slot `id` of a request that ended, at once; the reply is waited for by no one.
+/// A release that fails is sent again by the sweep until Redis answers, for one slot life at
+/// most (by then the slot has lapsed in Redis).
+pub fn release(mcf: &MainConf, id: u64) {
+    let sent = {
+        let mut slots = mcf.slots.borrow_mut();
+        let Some(slots) = slots.as_mut() else { return };
+        // SAFETY: the worker's cached clock, read on its only thread.
+        let Some(orphan) = slots.release(id, unsafe { ngx_current_msec } as u64) else { return };
+        slots
+            .orphan_slot(orphan)
+            .map(|h| (orphan, EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref())))
+    };
+    let Some((orphan, args)) = sent else { return };
+    if !submit_one(mcf, What::Orphan { id: orphan }, args) {
+        answered(mcf, What::Orphan { id: orphan }, None);
+    }
+    arm(mcf);
 }
 
 std::thread_local! {
@@ -163,8 +179,6 @@ pub fn exit() {
 enum What {
     /// Returns a reservation's unspent units.
     Units { zone: usize, units: u64 },
-    /// Releases a concurrency slot.
-    Release { zone: usize },
     /// Renews the slot `id` of this worker's table.
     Renew { zone: usize, id: u64 },
     /// Releases the orphan `id`: a slot a late decision may have granted.
@@ -261,36 +275,38 @@ fn answered(
                 metrics.lease(zone, LeaseEvent::Returned, units);
             }
         }
-        What::Release { zone } => {
-            if reply.is_some() {
-                metrics.slot(zone, SlotEvent::Released);
-            }
-        }
         What::Renew { zone, id } => {
-            let mut slots = mcf.slots.borrow_mut();
-            let Some(slots) = slots.as_mut() else { return };
-            match reply.map(|r| script::decode_decision(r, 1)) {
-                Some(Ok(d)) if d.allowed => {
-                    slots.renewed(id);
-                    metrics.slot(zone, SlotEvent::Renewed);
-                }
-                Some(Ok(_)) => {
-                    if slots.lapsed(id) {
-                        metrics.slot(zone, SlotEvent::Lapsed);
-                    }
-                }
+            let answer = match reply.map(|r| script::decode_decision(r, 1)) {
+                Some(Ok(d)) if d.allowed => Renewal::Kept,
+                Some(Ok(_)) => Renewal::WrittenBack,
                 // Redis failed or refused: the next tick tries again, before the slot lapses.
-                _ => slots.renew_failed(id),
+                _ => Renewal::Failed,
+            };
+            // SAFETY: the worker's cached clock, read on its only thread.
+            let now = unsafe { ngx_current_msec } as u64;
+            let found_gone = mcf
+                .slots
+                .borrow_mut()
+                .as_mut()
+                .is_some_and(|s| s.renewal_answered(id, answer, now));
+            if answer != Renewal::Failed {
+                metrics.slot(zone, SlotEvent::Renewed);
+            }
+            if found_gone {
+                metrics.slot(zone, SlotEvent::Lapsed);
             }
         }
         What::Orphan { id } => {
-            let removed = match reply.map(|r| script::decode_decision(r, 1)) {
+            let answer = match reply.map(|r| script::decode_decision(r, 1)) {
                 // A release answers 1 in its reset field when the member was there.
-                Some(Ok(d)) => d.zones[0].reset_ms == 1,
-                _ => false,
+                Some(Ok(d)) if d.zones[0].reset_ms == 1 => Release::Removed,
+                Some(Ok(_)) => Release::NotThere,
+                _ => Release::Failed,
             };
-            if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
-                slots.orphan_answered(id, removed);
+            let released =
+                mcf.slots.borrow_mut().as_mut().and_then(|s| s.orphan_answered(id, answer));
+            if let Some(zone) = released {
+                metrics.slot(zone, SlotEvent::Released);
             }
         }
     }

@@ -516,10 +516,7 @@ unsafe fn release_slots(ctx: &mut Ctx) {
         }
     }
     for id in core::mem::take(&mut ctx.slots) {
-        let held = mcf.slots.borrow_mut().as_mut().and_then(|s| s.release(id));
-        if let Some(held) = held {
-            giveback::release(mcf, held);
-        }
+        giveback::release(mcf, id);
     }
 }
 

@@ -59,9 +59,9 @@ pub struct Held {
     due: u64,
     /// The monotonic ms a renewal on its way was sent: not sent again until it is answered.
     renewing: Option<u64>,
-    /// A renewal found the slot gone (its life ran out, or the key was reset): not renewed any
-    /// more. Its request keeps running; its release at the end is harmless.
-    lapsed: bool,
+    /// Its request ended while a renewal was on its way: kept until that renewal answers, which
+    /// may have written the member back after the release took it.
+    ended: bool,
 }
 
 impl Held {
@@ -70,7 +70,7 @@ impl Held {
     }
 }
 
-/// A member a late decision may hold, released until Redis says it removed it.
+/// A member to release: that of a request that ended, or one a late decision may hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Orphan {
     slot: Held,
@@ -78,6 +78,27 @@ struct Orphan {
     until: u64,
     /// A release is on its way.
     sending: bool,
+    /// The slot of a request that ended (counted taken): any answer of Redis ends its release,
+    /// counted released; none within a life, and it lapsed in Redis, counted so. A late
+    /// decision's member (counted nowhere) is released until Redis says it removed it.
+    held: bool,
+}
+
+/// What Redis answered a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    Kept,
+    /// The member was gone (lapsed, or lost with Redis's data) and is written back.
+    WrittenBack,
+    Failed,
+}
+
+/// What Redis answered a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    Removed,
+    NotThere,
+    Failed,
 }
 
 /// The slots of this worker's requests, by an id the request keeps.
@@ -161,7 +182,7 @@ impl Slots {
             life_ms: slot.life_ms,
             due,
             renewing: None,
-            lapsed: false,
+            ended: false,
         }
     }
 
@@ -178,17 +199,28 @@ impl Slots {
         if self.orphans.len() >= MAX_ORPHANS {
             return false;
         }
-        self.next += 1;
-        let until = now + slot.life_ms;
-        let orphan = Orphan { slot: Self::held(zone, slot, now), until, sending: false };
-        self.orphans.insert(self.next, orphan);
+        self.add_orphan(Self::held(zone, slot, now), now, false, false);
         true
     }
 
+    fn add_orphan(&mut self, slot: Held, now: u64, held: bool, sending: bool) -> u64 {
+        self.next += 1;
+        let until = now + slot.life_ms;
+        self.orphans.insert(self.next, Orphan { slot, until, sending, held });
+        self.next
+    }
+
     /// The orphans whose release is due at `now` (all but those on their way), marked as sent;
-    /// those past their time are forgotten.
-    pub fn orphans_due(&mut self, now: u64) -> Vec<u64> {
-        self.orphans.retain(|_, o| o.sending || now < o.until);
+    /// those past their time are forgotten, and the zones of the held ones among them (their
+    /// slots lapsed in Redis) pushed to `lapsed`.
+    pub fn orphans_due(&mut self, now: u64, lapsed: &mut Vec<usize>) -> Vec<u64> {
+        self.orphans.retain(|_, o| {
+            let keep = o.sending || now < o.until;
+            if !keep && o.held {
+                lapsed.push(o.slot.zone);
+            }
+            keep
+        });
         let mut ids = Vec::new();
         for (&id, o) in self.orphans.iter_mut().filter(|(_, o)| !o.sending) {
             o.sending = true;
@@ -229,20 +261,36 @@ impl Slots {
         self.orphans.get(&id).map(|o| &o.slot)
     }
 
-    /// What Redis said to an orphan's release: `removed`, the member was there and is gone, so
-    /// the orphan is done; otherwise (not there yet, or the release failed) it is sent again.
-    pub fn orphan_answered(&mut self, id: u64, removed: bool) {
-        if removed {
-            self.orphans.remove(&id);
-        } else if let Some(o) = self.orphans.get_mut(&id) {
+    /// What Redis said to an orphan's release: a failed one is sent again at the next sweep; a
+    /// held slot's is done at any answer, and its zone returned (counted released); a late
+    /// decision's, once Redis removed the member.
+    pub fn orphan_answered(&mut self, id: u64, answer: Release) -> Option<usize> {
+        let o = self.orphans.get_mut(&id)?;
+        let done = match answer {
+            Release::Removed => true,
+            Release::NotThere => o.held,
+            Release::Failed => false,
+        };
+        if !done {
             o.sending = false;
+            return None;
         }
+        let o = self.orphans.remove(&id)?;
+        o.held.then_some(o.slot.zone)
     }
 
-    /// The slot's request ended: the slot leaves the table, to be released in Redis. `None` if
-    /// it was taken back already (a request's cleanup runs twice).
-    pub fn release(&mut self, id: u64) -> Option<Held> {
-        self.map.remove(&id)
+    /// The slot's request ended at `now`: its release is to be sent at once, as the orphan
+    /// returned (sent already), retried by the sweep until Redis answers. `None` if it was
+    /// released already (a request's cleanup runs twice).
+    pub fn release(&mut self, id: u64, now: u64) -> Option<u64> {
+        let h = self.map.get_mut(&id).filter(|h| !h.ended)?;
+        let slot = if h.renewing.is_some() {
+            h.ended = true;
+            h.clone()
+        } else {
+            self.map.remove(&id)?
+        };
+        Some(self.add_orphan(slot, now, true, true))
     }
 
     /// Every slot due for renewal at `now`, marked as being renewed (sent at `now`). All go in
@@ -250,7 +298,7 @@ impl Slots {
     pub fn due(&mut self, now: u64) -> Vec<u64> {
         let mut ids = Vec::new();
         for (&id, h) in self.map.iter_mut() {
-            if !h.lapsed && h.renewing.is_none() && now >= h.due {
+            if !h.ended && h.renewing.is_none() && now >= h.due {
                 h.renewing = Some(now);
                 ids.push(id);
             }
@@ -262,40 +310,34 @@ impl Slots {
         self.map.get(&id)
     }
 
-    /// Redis renewed the slot: the next renewal is due a third of a life after this one was
-    /// sent.
-    pub fn renewed(&mut self, id: u64) {
-        if let Some(h) = self.map.get_mut(&id) {
-            if let Some(sent) = h.renewing.take() {
-                h.due = sent + renew_every(h.life_ms);
+    /// What Redis answered the renewal of `id`, at `now`; true when it found the slot gone (it
+    /// lapsed, or Redis lost it) and wrote it back, to be counted lapsed. The next renewal is
+    /// due a third of a life after this one was sent; a failed one is sent at the next sweep.
+    /// A slot whose request ended meanwhile goes: if the renewal wrote it back after its
+    /// release took it, it is released again.
+    pub fn renewal_answered(&mut self, id: u64, answer: Renewal, now: u64) -> bool {
+        let Some(h) = self.map.get_mut(&id) else { return false };
+        if h.ended {
+            let h = self.map.remove(&id).expect("present");
+            if answer == Renewal::WrittenBack {
+                self.add_orphan(h, now, false, false);
             }
+            return false;
         }
-    }
-
-    /// The renewal failed (Redis down, a timeout): the next sweep tries again.
-    pub fn renew_failed(&mut self, id: u64) {
-        if let Some(h) = self.map.get_mut(&id) {
-            h.renewing = None;
+        let sent = h.renewing.take();
+        if answer == Renewal::Failed {
+            return false;
         }
-    }
-
-    /// The renewal found the slot gone: it lapsed. False if its request had ended meanwhile
-    /// (then the release took it, and nothing lapsed that was still wanted).
-    pub fn lapsed(&mut self, id: u64) -> bool {
-        match self.map.get_mut(&id) {
-            Some(h) => {
-                h.renewing = None;
-                h.lapsed = true;
-                true
-            }
-            None => false,
+        if let Some(sent) = sent {
+            h.due = sent + renew_every(h.life_ms);
         }
+        answer == Renewal::WrittenBack
     }
 
     /// Whether a renewal or an orphan's release may still be due: the sweep keeps running
     /// while this holds.
     pub fn renewing_any(&self) -> bool {
-        !self.orphans.is_empty() || self.map.values().any(|h| !h.lapsed)
+        !self.orphans.is_empty() || !self.map.is_empty()
     }
 }
 
@@ -314,50 +356,106 @@ mod tests {
         assert!(s.due(1999).is_empty(), "a third of 3 s after the decision was sent");
         assert_eq!(s.due(2000), vec![a]);
         assert!(s.due(2100).is_empty(), "not sent again while on its way");
-        s.renewed(a);
+        assert!(!s.renewal_answered(a, Renewal::Kept, 2100));
         assert!(s.due(2999).is_empty());
         assert_eq!(s.due(3000), vec![a], "due a third of a life after the renewal was sent");
-        s.renew_failed(a);
+        assert!(!s.renewal_answered(a, Renewal::Failed, 3050));
         assert_eq!(s.due(3100), vec![a], "a failed renewal is tried again at the next sweep");
     }
 
     #[test]
-    fn due_slots_go_together_and_a_lapsed_one_is_not_renewed() {
+    fn due_slots_go_together_and_one_found_gone_is_written_back_and_renewed_on() {
         let mut s = Slots::new();
         let a = s.take(0, slot(b"a"), 0);
         let b = s.take(1, slot(b"b"), 50);
         let mut due = s.due(1100);
         due.sort();
         assert_eq!(due, vec![a, b], "one sweep, one batch");
-        assert!(s.lapsed(a));
-        s.renewed(b);
-        assert!(s.renewing_any());
-        assert_eq!(s.due(5000), vec![b]);
+        assert!(s.renewal_answered(a, Renewal::WrittenBack, 1150), "counted lapsed");
+        assert!(!s.renewal_answered(b, Renewal::Kept, 1150));
+        let mut due = s.due(2100);
+        due.sort();
+        assert_eq!(due, vec![a, b], "still renewed: its request runs");
         assert_eq!(s.get(a).map(|h| h.member.as_ref()), Some(&b"a"[..]));
-        s.release(b);
-        assert!(!s.renewing_any(), "only a lapsed slot left: nothing to renew");
     }
 
     #[test]
     fn an_orphan_is_released_until_redis_removed_it_or_for_one_life() {
         let mut s = Slots::new();
+        let mut lapsed = Vec::new();
         assert!(s.orphan(1, slot(b"late"), 1000));
         assert!(!s.is_empty() && s.renewing_any());
-        let o = s.orphans_due(1000);
+        let o = s.orphans_due(1000, &mut lapsed);
         assert_eq!(o.len(), 1);
         assert_eq!(s.orphan_slot(o[0]).map(|h| h.slot_ref()), Some(slot(b"late")));
-        assert!(s.orphans_due(1100).is_empty(), "not sent again while on its way");
-        s.orphan_answered(o[0], false);
-        assert_eq!(s.orphans_due(1100), o, "not there yet: sent again");
-        s.orphan_answered(o[0], true);
+        assert!(s.orphans_due(1100, &mut lapsed).is_empty(), "not sent again while on its way");
+        assert_eq!(s.orphan_answered(o[0], Release::NotThere), None);
+        assert_eq!(s.orphans_due(1100, &mut lapsed), o, "not there yet: sent again");
+        assert_eq!(s.orphan_answered(o[0], Release::Removed), None, "counted nowhere");
         assert!(s.is_empty(), "removed: done");
 
-        let b = s.orphan(1, slot(b"never"), 0);
-        assert!(b);
-        let o = s.orphans_due(0);
-        s.orphan_answered(o[0], false);
-        assert!(s.orphans_due(3000).is_empty(), "a life later: forgotten");
+        assert!(s.orphan(1, slot(b"never"), 0));
+        let o = s.orphans_due(0, &mut lapsed);
+        s.orphan_answered(o[0], Release::Failed);
+        assert!(s.orphans_due(3000, &mut lapsed).is_empty(), "a life later: forgotten");
+        assert!(s.is_empty() && lapsed.is_empty(), "never taken: nothing lapsed");
+    }
+
+    #[test]
+    fn a_release_is_retried_until_redis_answers_and_counted_once() {
+        let mut s = Slots::new();
+        let mut lapsed = Vec::new();
+        let a = s.take(2, slot(b"m"), 0);
+        let r = s.release(a, 500).unwrap();
+        assert_eq!(s.orphan_slot(r).map(|h| (h.zone, h.slot_ref())), Some((2, slot(b"m"))));
+        assert_eq!(s.release(a, 500), None, "a second release finds nothing");
+        assert!(s.orphans_due(600, &mut lapsed).is_empty(), "sent at once, not by the sweep");
+        assert_eq!(s.orphan_answered(r, Release::Failed), None);
+        assert_eq!(s.orphans_due(600, &mut lapsed), vec![r], "failed: sent again");
+        assert_eq!(s.orphan_answered(r, Release::NotThere), Some(2), "gone either way: released");
         assert!(s.is_empty());
+
+        let b = s.take(3, slot(b"n"), 0);
+        let r = s.release(b, 0).unwrap();
+        s.orphan_answered(r, Release::Failed);
+        s.orphans_due(100, &mut lapsed);
+        s.orphan_answered(r, Release::Failed);
+        assert!(s.orphans_due(3000, &mut lapsed).is_empty());
+        assert_eq!(lapsed, vec![3], "never answered for a life: it lapsed in Redis");
+        assert!(!s.renewal_answered(b, Renewal::WrittenBack, 3000), "released: not renewed");
+    }
+
+    #[test]
+    fn a_renewal_that_wrote_back_a_released_slot_is_released_again() {
+        let mut s = Slots::new();
+        let mut lapsed = Vec::new();
+        let a = s.take(0, slot(b"m"), 0);
+        assert_eq!(s.due(1000), vec![a]);
+        let r = s.release(a, 1010).unwrap();
+        assert!(s.due(2100).is_empty(), "ended: never renewed again");
+        assert_eq!(s.orphan_answered(r, Release::Removed), Some(0));
+        // The release ran before the renewal, which found the member gone and wrote it back.
+        assert!(!s.renewal_answered(a, Renewal::WrittenBack, 1020), "not a lapse");
+        let again = s.orphans_due(1020, &mut lapsed);
+        assert_eq!(again.len(), 1);
+        assert_eq!(s.orphan_slot(again[0]).map(|h| h.slot_ref()), Some(slot(b"m")));
+        assert_eq!(s.orphan_answered(again[0], Release::Removed), None);
+        assert!(s.is_empty());
+
+        let b = s.take(0, slot(b"k"), 0);
+        s.due(1000);
+        let r = s.release(b, 1010).unwrap();
+        assert!(!s.renewal_answered(b, Renewal::Kept, 1020), "the renewal ran first");
+        assert_eq!(s.orphan_answered(r, Release::Removed), Some(0));
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn the_shortest_life_leaves_room_for_a_failed_renewal() {
+        assert_eq!(min_life_for(200), 1000, "the default timeout: 1 s, the floor");
+        assert_eq!(min_life_for(1000), 3300);
+        let (t, life) = (1000, min_life_for(1000));
+        assert!(renew_every(life) + 2 * (100 + t) <= life);
     }
 
     #[test]
@@ -392,25 +490,5 @@ mod tests {
         let d = local_decision(&parts, Some(&no));
         assert!(!d.allowed);
         assert_eq!(d.zones[1].remaining, 1, "not taken");
-    }
-
-    #[test]
-    fn the_shortest_life_leaves_room_for_a_failed_renewal() {
-        assert_eq!(min_life_for(200), 1000, "the default timeout: 1 s, the floor");
-        assert_eq!(min_life_for(1000), 3300);
-        let (t, life) = (1000, min_life_for(1000));
-        assert!(renew_every(life) + 2 * (100 + t) <= life);
-    }
-
-    #[test]
-    fn release_takes_the_slot_once() {
-        let mut s = Slots::new();
-        let a = s.take(2, slot(b"m"), 0);
-        let h = s.release(a).unwrap();
-        assert_eq!((h.zone, h.slot_ref()), (2, slot(b"m")));
-        assert_eq!(s.release(a), None, "a second release finds nothing");
-        assert!(!s.lapsed(a), "a renewal answered after the release: nothing lapsed");
-        s.renewed(a);
-        assert!(s.is_empty());
     }
 }

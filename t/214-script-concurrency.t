@@ -5,7 +5,8 @@
 #   a slot (0 reads), burst = the request's member; a member per request in
 #   flight, scored by when its slot lapses; reset 0 when admitted, 1000 when not
 #   "Gn" releases the member (always ok; reset 1 if it was there), "Rn" renews
-#   it (ok only while it is there); both cost 1, window = life, burst = the member
+#   it (ok while it is there; gone, it is written back all the same: its request
+#   is in flight); both cost 1, window = life, burst = the member
 # Expectations are literals worked out by hand; t below is the offset from T0.
 use lib 't/lib';
 use RLTest;
@@ -66,17 +67,21 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     # At 1002 r3 lapsed (at 1004: taken again at 4); at 1004 it is gone, at 1013 r4.
     is(take($T0 + 1003, $k, 'r5'), '0 | 0 0 1000', "$tag: r3 still holds at 1003");
     is(take($T0 + 1004, $k, 'r5'), '1 | 1 0 0', "$tag: r3 lapsed at its score: r5 in its place");
-    is(renew($T0 + 1005, $k, 'r3'), '0 | 0 0 0', "$tag: r3's renewal finds it gone: lapsed, not re-added");
-    is(redis_cmd('ZSCORE', $k, 'r3'), undef, "$tag: ... and it stays gone");
-    is(release($T0 + 1006, $k, 'r3'), '1 | 1 0 0', "$tag: a release after lapse is harmless");
+    is(renew($T0 + 1005, $k, 'r3'), '0 | 0 0 0', "$tag: r3's renewal finds it gone: says so (lapsed)");
+    is(redis_cmd('ZSCORE', $k, 'r3'), $T0 + 2005,
+        "$tag: ... and writes it back, beyond the limit: its request is in flight, and counts until it ends");
+    is(take($T0 + 1005, $k, 'r7'), '0 | 0 0 1000', "$tag: 4 in flight on a limit of 3: nothing more admitted");
+    is(release($T0 + 1006, $k, 'r3'), '1 | 1 0 1', "$tag: r3's release removes it");
+    is(release($T0 + 1007, $k, 'r3'), '1 | 1 0 0', "$tag: a second release is harmless");
     is(redis_cmd('ZCARD', $k), 3, "$tag: r1, r4, r5 hold");
     # Everything lapses: at 2013 r4 (1013), r5 (2004) and r1 (1500) are gone.
     is(take($T0 + 2013, $k, 'r6'), '1 | 1 2 0', "$tag: all lapsed: a fresh key");
     # Release to an emptied Redis: harmless, creates nothing.
     redis_cmd('DEL', $k);
     is(release($T0 + 2014, $k, 'r6'), '1 | 1 3 0', "$tag: release after a reset");
-    is(renew($T0 + 2014, $k, 'r6'), '0 | 0 3 0', "$tag: renewal after a reset: lapsed");
-    is(redis_cmd('EXISTS', $k), 0, "$tag: ... neither creates the key");
+    is(redis_cmd('EXISTS', $k), 0, "$tag: ... creates nothing");
+    is(renew($T0 + 2014, $k, 'r6'), '0 | 0 2 0', "$tag: renewal after a reset (Redis lost the slot): written back");
+    is(redis_cmd('ZSCORE', $k, 'r6'), $T0 + 3014, "$tag: ... counted again from now");
 }
 
 # All-or-nothing with a rate zone: a slot is taken only when every zone admits,

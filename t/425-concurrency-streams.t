@@ -16,6 +16,10 @@
 # - Nothing released twice nor left behind: the keys end empty, every slot
 #   taken is released exactly once (metrics released == taken, one ZREM per
 #   slot), none lapsed, no alert in the error log.
+# A slot lapses by design when its worker cannot renew it for two thirds of
+# lease_time: an attempt that fails while Redis was out of reach or the machine
+# stalled (seen in the error log, or by a watchdog process) runs again on a new
+# key, up to 4 times; a failure without either fails the test.
 use lib 't/lib';
 use RLTest;
 use RLTest::SlowBackend;
@@ -31,6 +35,8 @@ use Time::HiRes qw(time sleep);
 # Under valgrind a decision can outlast the 200 ms default timeout: a longer
 # lease (and timeout, 3 x (timeout + 100 ms) <= lease_time) keeps renewals in
 # time. The hold stays 10 leases.
+# A peer that closed makes a write fail, not kill the test (nor a backend child).
+$SIG{PIPE} = 'IGNORE';
 my $SLOW = $RLTest::Nginx::SLOW;
 my $LEASE = $SLOW > 1 ? 3 : 1;
 my $TIMEOUT = $SLOW > 1 ? '900ms' : '200ms';
@@ -92,30 +98,70 @@ sub took {
 http_parallel([map { { port => server_port(), request => "GET /ws?k=warm$_" } } 1 .. 16]);
 ok(wait_until(3 * $SLOW, sub { slots('ws', 'released') == slots('ws', 'taken') }), 'warm-up done');
 
-# A worker that cannot reach Redis for two thirds of lease_time (the breaker
-# open, decisions and renewals timing out: on a loaded 2-core machine the
-# workers or Redis may get no CPU for a second) loses its slots by design: they
-# lapse and are not taken again. Such an attempt is made again on a new key
-# (at most 4 times); one that fails without such a line in the error log fails.
+# A worker that cannot renew for two thirds of lease_time loses its slots by
+# design: they lapse and are not taken again (the request runs on). On a loaded
+# 2-core machine that happens without any fault of the module: Redis out of
+# reach for a second (the breaker opens, decisions and renewals time out), or
+# the whole machine stalled (processes got no CPU for a second or more; then
+# nothing is logged, Redis' clock simply ran past the slot's score). An attempt
+# that fails with either seen meanwhile (a line in the error log, or a gap in
+# a watchdog process that ticks every 50 ms) is made again on a new key, at
+# most 4 times; one that fails without either fails the test.
 my $ATTEMPTS = 4;
+my $STALL = 0.25 * $LEASE;
 sub log_mark { length error_log_text() }
 sub disturbances {
     my ($mark) = @_;
-    return grep { /timed out|ratelimit_fail|answers again|failed \(\d+:|upstream timed out/ }
+    return grep { !/\[(info|debug)\]/ && /timed out|ratelimit_fail|answers again|failed \(\d+:/ }
         split /\n/, substr(error_log_text(), $mark);
+}
+# A child that notes every gap of more than $STALL s between its 50 ms ticks.
+my $watch_n = 0;
+sub stall_watch {
+    my $file = servroot() . '/stalls.' . ++$watch_n;
+    open my $t, '>', $file or die "$file: $!";
+    close $t;
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        my $last = time;
+        while (1) {
+            sleep 0.05;
+            my $now = time;
+            if ($now - $last > $STALL) {
+                open my $fh, '>>', $file or POSIX::_exit(0);
+                printf $fh "%.3f\n", $now - $last;
+                close $fh;
+            }
+            $last = $now;
+        }
+    }
+    RLTest::Proc::register_pid($pid, 'stall watchdog');
+    return { pid => $pid, file => $file };
+}
+sub stall_gaps {
+    my ($w) = @_;
+    kill 'KILL', $w->{pid};
+    waitpid $w->{pid}, 0;
+    RLTest::Proc::unregister_pid($w->{pid});
+    return read_lines($w->{file});
 }
 sub attempt {
     my ($what, $run, $good) = @_;
     my $r;
     for my $i (1 .. $ATTEMPTS) {
         my $mark = log_mark();
+        my $w = stall_watch();
         $r = $run->($i);
+        my @gaps = stall_gaps($w);
         my @d = disturbances($mark);
+        push @d, sprintf('the machine stalled %s s', join(', ', @gaps)) if @gaps;
         $r->{attempt} = $i;
         $r->{disturbed} = \@d;
+        note("$what, attempt $i: slots since the start: $r->{totals}") if $r->{totals};
+        note(sprintf '%s, attempt %d: %s', $what, $i, @d ? join(' | ', @d[0 .. ($#d < 3 ? $#d : 3)])
+            : 'no Redis timeout, no stall');
         return $r if $good->($r) || !@d;
-        note("$what, attempt $i: Redis was out of reach meanwhile, the slots may lapse by design; "
-            . 'again on a new key. The log said: ' . join(' | ', @d[0 .. ($#d < 2 ? $#d : 2)]));
+        note("$what, attempt $i failed while disturbed: again on a new key");
     }
     diag("$what: every attempt was disturbed");
     return $r;
@@ -129,6 +175,7 @@ my $W = attempt('WebSocket', sub {
     wait_until(3 * $SLOW, sub { slots('ws', 'released') == slots('ws', 'taken') });
     redis_cmd('CONFIG', 'RESETSTAT');
     $r{taken0} = slots('ws', 'taken');
+    $r{released0} = slots('ws', 'released');
     $r{renewed0} = slots('ws', 'renewed');
     $r{lapsed0} = slots('ws', 'lapsed');
 
@@ -159,7 +206,7 @@ my $W = attempt('WebSocket', sub {
     # Closed by the client: Close frame, the backend's Close back, then FIN.
     ws_send($a, 8, pack('n', 1000));
     ($r{a_close}) = ws_recv($a, 3 * $SLOW);
-    close $a->{sock};
+    close $a->{sock} if $a->{sock};
     $r{a_gone} = took(3, sub { redis_cmd('EXISTS', "rl:ws:$k") == 0 });
 
     # Closed by the backend (its Close frame, then FIN) after a few leases.
@@ -176,7 +223,7 @@ my $W = attempt('WebSocket', sub {
     ($r{c_close}) = ws_recv($c, 3 * $SLOW);
     $r{c_eof} = ws_eof($c, 3 * $SLOW);
     $r{c_gone} = took(3, sub { redis_cmd('EXISTS', "rl:ws:$k") == 0 });
-    close $c->{sock};
+    close $c->{sock} if $c->{sock};
 
     # The client drops the TCP connection without a Close frame.
     my $d;
@@ -185,11 +232,13 @@ my $W = attempt('WebSocket', sub {
     $r{d_held} = wait_until(2 * $SLOW, sub { live("ws:$k") == 1 });
     sleep 2 * $LEASE;
     $r{d_still} = live("ws:$k");
-    close $d->{sock};
+    close $d->{sock} if $d->{sock};
     $r{d_gone} = took(3, sub { redis_cmd('EXISTS', "rl:ws:$k") == 0 });
 
     $r{taken} = slots('ws', 'taken') - $r{taken0};
-    $r{released_all} = wait_until(3 * $SLOW, sub { slots('ws', 'released') == slots('ws', 'taken') });
+    $r{released_all} = wait_until(3 * $SLOW,
+        sub { slots('ws', 'taken') - $r{taken0} == slots('ws', 'released') - $r{released0} });
+    $r{totals} = join ' ', map { "$_ " . slots('ws', $_) } qw(taken released renewed lapsed);
     $r{zrem} = redis_calls('zrem');
     $r{lapsed} = slots('ws', 'lapsed') - $r{lapsed0};
     my %how = map { (split ' ')[2] => (split ' ')[3] } grep { /^end / } read_lines($ws->{log});
@@ -200,9 +249,8 @@ my $W = attempt('WebSocket', sub {
 }, sub {
     my ($r) = @_;
     return $r->{held} == $HOLD && $r->{denied} == $HOLD && $r->{lapsed} == 0 && $r->{taken} == 3
-        && $r->{zrem} == 3 && $r->{c_still} == 1 && $r->{d_still} == 1;
+        && $r->{zrem} == 3 && $r->{c_still} == 1 && $r->{d_still} == 1 && $r->{released_all};
 });
-note("WebSocket: attempt $W->{attempt} of $ATTEMPTS");
 is($W->{a_status}, 101, 'WebSocket: the upgrade is admitted (101)');
 ok($W->{a_accept}, 'WebSocket: ... with the backend\'s Sec-WebSocket-Accept');
 ok($W->{a_held}, 'WebSocket: it holds the key\'s slot');
@@ -232,7 +280,7 @@ is($W->{d_still}, 1, 'client drop: still held 2 leases later');
 ok(defined $W->{d_gone}, sprintf 'client drop: the slot released %.3f s after the client left', $W->{d_gone} // -1);
 is($W->{taken}, 3, 'WebSocket: 3 slots taken (the 429s took none)');
 ok($W->{released_all}, 'WebSocket: every slot taken released (metrics: released == taken)')
-    or diag('taken ' . slots('ws', 'taken') . ', released ' . slots('ws', 'released'));
+    or diag("zone ws since the start: $W->{totals}; this attempt from taken $W->{taken0}, released $W->{released0}");
 is($W->{zrem}, 3, 'WebSocket: each slot removed once (3 ZREM)');
 is($W->{lapsed}, 0, 'WebSocket: none lapsed');
 is($W->{ends}, 'client backend eof',
@@ -251,6 +299,7 @@ SKIP: {
         wait_until(3 * $SLOW, sub { slots('h2', 'released') == slots('h2', 'taken') });
         redis_cmd('CONFIG', 'RESETSTAT');
         $r{taken0} = slots('h2', 'taken');
+        $r{released0} = slots('h2', 'released');
         $r{lapsed0} = slots('h2', 'lapsed');
         my $hold = 8 * $SLOW;
         my @s = map { $h2->get("/h2?k=$k&n=$_&hold=$hold&stream=1") } 1 .. 3;
@@ -297,9 +346,12 @@ SKIP: {
         $r{open} = !defined $h2->goaway && !$h2->eof ? 1 : 0;
         $r{empty} = wait_until(3 * $SLOW, sub { redis_cmd('EXISTS', "rl:h2:$k") == 0 });
         $r{taken} = slots('h2', 'taken') - $r{taken0};
-        $r{released_all} = wait_until(3 * $SLOW, sub { slots('h2', 'released') == slots('h2', 'taken') });
+        # Released and taken in this attempt (an earlier, disturbed one may have lost a release).
+        my $unreleased = sub { slots('h2', 'taken') - $r{taken0} - (slots('h2', 'released') - $r{released0}) };
+        $r{released_all} = wait_until(3 * $SLOW, sub { $unreleased->() == 0 });
         sleep 0.5;
-        $r{released_later} = slots('h2', 'released') - slots('h2', 'taken');
+        $r{released_later} = -$unreleased->();
+        $r{totals} = join ' ', map { "$_ " . slots('h2', $_) } qw(taken released renewed lapsed);
         $r{zrem} = redis_calls('zrem');
         $r{lapsed} = slots('h2', 'lapsed') - $r{lapsed0};
         my @ids = map { (split ' ')[0] } grep { m{ /h2\?k=$k&n=[1235]&} } read_lines(h2_log());
@@ -310,9 +362,9 @@ SKIP: {
     }, sub {
         my ($r) = @_;
         return ($r->{held} // '') eq join(' ', (2) x ($r->{held_n} // 0)) && ($r->{zrem} // 0) == 4
-            && ($r->{lapsed} // 1) == 0 && ($r->{first} // '') eq '200 200 200' && ($r->{more} // 0) == 200;
+            && ($r->{lapsed} // 1) == 0 && ($r->{first} // '') eq '200 200 200' && ($r->{more} // 0) == 200
+            && $r->{released_all} && !$r->{released_later};
     });
-    note("HTTP/2: attempt $H->{attempt} of $ATTEMPTS");
     is($H->{error}, undef, 'HTTP/2: connected');
     is($H->{first}, '200 200 200', 'HTTP/2: 3 streams on one connection admitted (200, streaming)');
     is($H->{live3}, 3, 'HTTP/2: the key holds their 3 slots');
@@ -333,7 +385,8 @@ SKIP: {
     ok($H->{open}, 'HTTP/2: the connection stayed open (no GOAWAY)');
     ok($H->{empty}, 'HTTP/2: the key ends with no slot');
     is($H->{taken}, 4, 'HTTP/2: 4 slots taken (3 streams, then 1; the 429 none)');
-    ok($H->{released_all}, 'HTTP/2: released == taken: each slot released once');
+    ok($H->{released_all}, 'HTTP/2: released == taken: each slot released once')
+        or diag("zone h2 since the start: $H->{totals}; this attempt from taken $H->{taken0}, released $H->{released0}");
     is($H->{released_later}, 0, 'HTTP/2: ... and no later release');
     is($H->{zrem}, 4, 'HTTP/2: 4 ZREM, one per slot');
     is($H->{lapsed}, 0, 'HTTP/2: none lapsed');
@@ -402,6 +455,7 @@ sub ws_accept { sha1_base64($_[0] . '258EAFA5-E914-47DA-95CA-C5AB0DC85B11') . '=
 # A frame, masked as a client's must be (payloads < 126 bytes).
 sub ws_send {
     my ($h, $op, $payload) = @_;
+    return unless $h->{sock};
     my $mask = pack 'N', int rand 2**32;
     my $masked = $payload ^ substr($mask x (1 + length($payload) / 4), 0, length $payload);
     syswrite $h->{sock}, pack('CC', 0x80 | $op, 0x80 | length $payload) . $mask . $masked;
@@ -410,6 +464,7 @@ sub ws_send {
 # Reads one (unmasked, short) frame: (opcode, payload), or () on EOF/timeout.
 sub ws_recv {
     my ($h, $timeout) = @_;
+    return () unless $h->{sock};
     my $sel = IO::Select->new($h->{sock});
     my $deadline = time + $timeout;
     while (1) {
@@ -430,6 +485,7 @@ sub ws_recv {
 
 sub ws_eof {
     my ($h, $timeout) = @_;
+    return 0 unless $h->{sock};
     my $sel = IO::Select->new($h->{sock});
     my $deadline = time + $timeout;
     while ((my $left = $deadline - time) > 0) {

@@ -12,6 +12,7 @@ package RLTest::H2;
 #   $c->reset($s);           # RST_STREAM, CANCEL (8) unless another code is given
 #   $c->peer_reset($s);      # the error code of an RST_STREAM from the server
 #   $c->goaway;              # the server's GOAWAY error code, undef without one
+#   $c->write_error;         # why a write failed (the server closed), undef if none
 #   $c->pump(0.2);           # read and answer frames for up to 0.2 s
 #   $c->close;
 #
@@ -55,9 +56,11 @@ sub connect {
 
 sub write {
     my ($self, $data) = @_;
-    while (length $data) {
+    # A server that closed: the write error is kept (write_error), the test goes on reading.
+    local $SIG{PIPE} = 'IGNORE';
+    while (length $data && $self->{sock}) {
         my $n = syswrite $self->{sock}, $data;
-        die "RLTest::H2: write: $!\n" unless defined $n;
+        unless (defined $n) { $self->{write_error} = "$!"; return }
         substr($data, 0, $n, '');
     }
 }
@@ -124,6 +127,7 @@ sub body       { $_[0]->stream($_[1])->{body} }
 sub ended      { $_[0]->stream($_[1])->{ended} }
 sub peer_reset { $_[0]->stream($_[1])->{peer_reset} }
 sub goaway     { $_[0]{goaway} }
+sub write_error { $_[0]{write_error} }
 sub eof        { $_[0]{eof} }
 sub pings      { $_[0]{pings_acked} // 0 }
 
@@ -235,7 +239,7 @@ sub decode_status {
     return $STATIC_STATUS{$b & 0x7f} // 'indexed:' . ($b & 0x7f) if $b & 0x80;
     my $prefix = ($b & 0xc0) == 0x40 ? 0x3f : 0x0f;   # incremental indexing, or not / never
     my $idx = $b & $prefix;
-    return 'unknown' unless $idx == 8 || ($idx >= 8 && $idx <= 14);
+    return 'unknown' unless $idx >= 8 && $idx <= 14;    # a :status name
     my $lb = ord substr $block, 1, 1;
     return 'huffman' if $lb & 0x80;
     return substr($block, 2, $lb & 0x7f) + 0;
