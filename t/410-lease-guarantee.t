@@ -534,21 +534,23 @@ my $LAPSE = ($W + $LEASE_MS) / 1000;
 $took = run_phase('k', 5, sub {
     # The warm key: paced on one keep-alive connection, so one worker serves
     # it and (with leases) holds units for it.  lease=auto reserves for a key
-    # busy enough over a reservation's life: on a loaded machine the paced
-    # requests may come too slowly at first, so the kill waits until Redis
-    # shows units reserved (scored after now), for a few seconds at most.
+    # busy enough over a reservation's life, again as each runs out: the kill
+    # waits (a few seconds at most) until Redis shows units reserved recently,
+    # scored more than 200 ms after now, so that they are still there when the
+    # worker dies, not at the end of their life (a loaded machine also paces
+    # more slowly at first).
     my $r = http_request(port => $gw[0]->port, request => 'GET /log?k=kw&c=1', keepalive => 1);
     $victim = header($r, 'X-Pid');
     my $sent = 1;
-    my $reserved = sub { redis_cmd('ZCOUNT', 'rl:log:kw', '(' . int(time * 1000), '+inf') };
+    my $reserved = sub { redis_cmd('ZCOUNT', 'rl:log:kw', '(' . (int(time * 1000) + 200), '+inf') };
     while ($sent < 16 || ($LEASES && !$reserved->() && $sent < 80)) {
         sleep $PACE;
         $r = http_request(sock => $r->{sock}, port => $gw[0]->port, request => 'GET /log?k=kw&c=1', keepalive => 1);
         $sent++;
     }
+    $held = $reserved->();
     is(header($r, 'X-Pid'), $victim, "kill: the warm key was served by one worker ($sent requests)");
     die "kill: $victim is not a worker of gw1\n" unless grep { $_ == $victim } $gw[0]->worker_pids;
-    $held = $reserved->();
     kill 'KILL', $victim;
     $t_kill = time;
     # The hammering goes on; the dead worker's units must be gone by
