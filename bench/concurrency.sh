@@ -67,11 +67,7 @@ trap 'exit 130' INT TERM
 rport=$(free_port)
 nport=$(free_port "$rport")
 rcli() { timeout 10 redis-cli -p "$rport" "$@"; }
-redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$tmp" \
-    --logfile "$tmp/redis.log" &
-redis_pid=$!
-for _ in $(seq 1 50); do [ "$(rcli ping 2>/dev/null)" = PONG ] && break; sleep 0.1; done
-[ "$(rcli ping 2>/dev/null)" = PONG ] || { cat "$tmp/redis.log" >&2; die "redis-server did not start"; }
+start_bench_redis
 
 mkdir -p "$tmp/logs" "$tmp/tmp" "$tmp/html"
 redis_snapshot() { rcli info cpu commandstats | tr -d '\r' > "$1" || die "INFO failed"; }

@@ -132,11 +132,7 @@ rport=$(free_port)
 nport=$(free_port "$rport")
 rcli() { timeout 10 redis-cli -p "$rport" "$@"; }
 
-redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$tmp" \
-    --logfile "$tmp/redis.log" &
-redis_pid=$!
-for _ in $(seq 1 50); do [ "$(rcli ping 2>/dev/null)" = PONG ] && break; sleep 0.1; done
-[ "$(rcli ping 2>/dev/null)" = PONG ] || { cat "$tmp/redis.log" >&2; die "redis-server did not start"; }
+start_bench_redis
 
 mkdir -p "$tmp/html" "$tmp/logs" "$tmp/tmp"
 # The size of nginx's default index.html, as in bench/run.sh and compare.sh.

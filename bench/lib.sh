@@ -90,3 +90,14 @@ redis_delta() {
                                  list = list (list == "" ? "" : ",") c ":" d }
               printf "%.6f %d %d %s\n", cpu[0] - cpu[1], total, ev, (list == "" ? "-" : list) }' "$1" "$2"
 }
+
+# A redis-server of the benchmark's own on $rport (no persistence, its files in $tmp); sets
+# redis_pid, and waits until it answers (through the caller's rcli).
+start_bench_redis() {
+    redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$tmp" \
+        --logfile "$tmp/redis.log" &
+    redis_pid=$!
+    for _ in $(seq 1 50); do [ "$(rcli ping 2>/dev/null)" = PONG ] && return 0; sleep 0.1; done
+    cat "$tmp/redis.log" >&2
+    die "redis-server did not start"
+}
