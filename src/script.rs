@@ -277,29 +277,28 @@ impl EncodedArgs {
 
     /// A decision of its own that returns a reservation's unspent units (`G<letter>`).
     pub fn give_back(g: &GiveBack, algorithm: Algorithm) -> Self {
-        let mut bytes = Vec::with_capacity(g.key.len() + 96);
-        resp::put_bulk(&mut bytes, &g.key);
-        let keys_len = bytes.len();
-        resp::put_bulk(&mut bytes, b"");
-        resp::put_bulk(&mut bytes, &[b'G', algorithm.code()[0]]);
-        resp::put_bulk_int(&mut bytes, g.limit);
-        resp::put_bulk_int(&mut bytes, g.window_ms);
-        resp::put_bulk_int(&mut bytes, g.units);
-        resp::put_bulk_int(&mut bytes, g.token);
-        EncodedArgs { bytes, keys_len, zones: 1, leased: Vec::new() }
+        let mut digits = [0u8; 20];
+        let token = resp::fmt_u64(g.token, &mut digits);
+        Self::one_zone(&g.key, &[b'G', algorithm.code()[0]], g.limit, g.window_ms, g.units, token)
     }
 
     /// A concurrency slot's release (`Gn`) or renewal (`Rn`), a decision of its own.
     pub fn slot_op(op: SlotOp, s: &SlotRef<'_>) -> Self {
-        let mut bytes = Vec::with_capacity(s.key.len() + s.member.len() + 64);
-        resp::put_bulk(&mut bytes, s.key);
+        let op: &[u8] = if op == SlotOp::Release { b"Gn" } else { b"Rn" };
+        Self::one_zone(s.key, op, s.limit, s.life_ms, 1, s.member)
+    }
+
+    /// A one-zone decision a worker sends without a request, on its script clock ("").
+    fn one_zone(key: &[u8], op: &[u8], limit: u64, window_ms: u64, cost: u64, last: &[u8]) -> Self {
+        let mut bytes = Vec::with_capacity(key.len() + last.len() + 64);
+        resp::put_bulk(&mut bytes, key);
         let keys_len = bytes.len();
         resp::put_bulk(&mut bytes, b"");
-        resp::put_bulk(&mut bytes, if op == SlotOp::Release { b"Gn" } else { b"Rn" });
-        resp::put_bulk_int(&mut bytes, s.limit);
-        resp::put_bulk_int(&mut bytes, s.life_ms);
-        resp::put_bulk_int(&mut bytes, 1);
-        resp::put_bulk(&mut bytes, s.member);
+        resp::put_bulk(&mut bytes, op);
+        resp::put_bulk_int(&mut bytes, limit);
+        resp::put_bulk_int(&mut bytes, window_ms);
+        resp::put_bulk_int(&mut bytes, cost);
+        resp::put_bulk(&mut bytes, last);
         EncodedArgs { bytes, keys_len, zones: 1, leased: Vec::new() }
     }
 

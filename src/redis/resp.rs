@@ -259,7 +259,7 @@ fn put_usize(out: &mut Vec<u8>, v: usize) {
     out.extend_from_slice(fmt_u64(v as u64, &mut digits));
 }
 
-fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+pub fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
