@@ -90,6 +90,13 @@
 -- decision has the keys left. So a call of one decision is what it always was, and a batch adds
 -- no argument: Redis refuses more than 10 from a connection not yet authenticated, which must
 -- still be told the AUTH failure rather than a protocol error.
+-- A Cluster node's batch (decisions of several slots that one node serves) declares the keys of
+-- its first decision only, as a call may declare keys of one slot: ARGV[1] is then "k<m>" and
+-- ARGV[2 .. m+1] are the other decisions' keys, in order, before the decisions' arguments. Each
+-- undeclared key is probed (EXISTS, whose error is caught) before its decision reads or writes
+-- anything: a key the node does not serve now (resharded, migrating and not here, a node that
+-- refuses undeclared keys of other slots) makes that decision's reply the error
+-- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
 -- sent a reserve field three more: granted, lease_ms, token
@@ -252,7 +259,23 @@ end
 local s1, s2, s3, s4, s5, zone_ok = {}, {}, {}, {}, {}, {}
 
 local replies, ndecisions = {}, 0
-local a, k = 1, 0 -- ARGV and KEYS already consumed
+local a, k = 1, 0 -- ARGV and keys already consumed
+-- The keys: KEYS, and in a node's batch the undeclared ones after them.
+local keys, declared = KEYS, #KEYS
+local undeclared = tonumber(string.match(ARGV[1] or '', '^k(%d+)$'))
+if undeclared then
+  if undeclared + 2 > #ARGV then
+    return redis.error_reply('ERR ratelimit: malformed batch at decision 1')
+  end
+  keys = {}
+  for i = 1, declared do
+    keys[i] = KEYS[i]
+  end
+  for i = 1, undeclared do
+    keys[declared + i] = ARGV[1 + i]
+  end
+  a = undeclared + 2
+end
 -- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
 -- decisions sharing that microsecond still get distinct members.
 local time_us, seq, time_now_s = nil, 0, nil
@@ -267,9 +290,9 @@ repeat
   end
   if next_clock > #ARGV then
     -- The last decision: missing arguments are its zones' bad arguments, as ever.
-    nzones = #KEYS - k
+    nzones = #keys - k
   end
-  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > #KEYS then
+  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > #keys then
     return redis.error_reply('ERR ratelimit: malformed batch at decision ' .. (ndecisions + 1))
   end
   local gateway_clock = now ~= nil
@@ -287,9 +310,19 @@ repeat
 
   local result, allowed = nil, 1
   repeat -- `break` ends this decision early with `result` set to its error
+    for i = max(1, declared - k + 1), nzones do
+      local e = pcall_redis('EXISTS', keys[k + i])
+      if type(e) == 'table' and e.err then
+        result = redis.error_reply('NOTLOCAL ' .. e.err)
+        break
+      end
+    end
+    if result then
+      break
+    end
     for i = 1, nzones do
       local p = a + 1 + 5 * (i - 1)
-      local key, alg = KEYS[k + i], ARGV[p]
+      local key, alg = keys[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
@@ -324,7 +357,7 @@ repeat
       for j = 1, i - 1 do
         -- Two zones of one decision on one key (exact keys) must count it alike, or one
         -- would write what the other cannot read.
-        if KEYS[k + j] == key then
+        if keys[k + j] == key then
           local other = ARGV[a + 1 + 5 * (j - 1)]
           if #other > 2 then
             other = string.sub(other, 1, 1)
@@ -528,7 +561,7 @@ repeat
     result = { allowed }
     for i = 1, nzones do
       local p = a + 1 + 5 * (i - 1)
-      local key, alg = KEYS[k + i], ARGV[p]
+      local key, alg = keys[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       local ok, commit = zone_ok[i], allowed == 1 and cost > 0

@@ -84,6 +84,7 @@ pub enum Counter {
     Connects = R_CONNECTS as isize,
     ScriptLoads = R_SCRIPT_LOADS as isize,
     BreakerOpenings = R_BREAKER_OPENINGS as isize,
+    Rerouted = R_REROUTED as isize,
 }
 
 /// Gauges summed over the workers; [`Metrics::gauge`].
@@ -152,7 +153,8 @@ const R_REPLIES: usize = R_ERRORS + ERROR_KINDS.len();
 const R_SCRIPT_LOADS: usize = R_REPLIES + REPLY_CLASSES.len();
 const R_BREAKER_OPENINGS: usize = R_SCRIPT_LOADS + 1;
 const R_BREAKER_OPEN: usize = R_BREAKER_OPENINGS + 1;
-const REDIS_CELLS: usize = R_BREAKER_OPEN + 1;
+const R_REROUTED: usize = R_BREAKER_OPEN + 1;
+const REDIS_CELLS: usize = R_REROUTED + 1;
 const W_DENY_ENTRIES: usize = 0;
 const WORKER_CELLS: usize = 1;
 

@@ -70,15 +70,31 @@ pub const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// Appends one `EVALSHA` that decides each decision of `batch` in order; its reply is split
 /// with [`split_batch`]. Redis wants all KEYS before all ARGV: `EVALSHA sha numkeys <every
 /// decision's keys> <every decision's argv>`.
-pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&EncodedArgs]) {
+///
+/// `per_node`: a Cluster node's batch, whose decisions may be of several slots. Only the first
+/// decision's keys are declared (a call may declare keys of one slot); the others go first in
+/// ARGV, after `k<count>`, and the script probes each before its decision uses it.
+pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&EncodedArgs], per_node: bool) {
     let zones: usize = batch.iter().map(|a| a.zones).sum();
     let argv: usize = batch.iter().map(|a| a.argv_count()).sum();
-    resp::put_array_len(out, 3 + zones + argv);
+    let declared = match batch.first() {
+        Some(first) if per_node && batch.len() > 1 => first.zones,
+        _ => zones,
+    };
+    let (head, rest) = batch.split_at(if declared < zones { 1 } else { batch.len() });
+    resp::put_array_len(out, 3 + zones + usize::from(!rest.is_empty()) + argv);
     resp::put_bulk(out, b"EVALSHA");
     resp::put_bulk(out, &script.sha);
-    resp::put_bulk_int(out, zones as u64);
-    for a in batch {
+    resp::put_bulk_int(out, declared as u64);
+    for a in head {
         out.extend_from_slice(a.keys());
+    }
+    if !rest.is_empty() {
+        let mut digits = [0u8; 20];
+        resp::put_bulk_parts(out, &[b"k", resp::fmt_u64((zones - declared) as u64, &mut digits)]);
+        for a in rest {
+            out.extend_from_slice(a.keys());
+        }
     }
     for a in batch {
         out.extend_from_slice(a.argv());
@@ -614,7 +630,7 @@ mod tests {
         let a = EncodedArgs::new(one.iter().copied(), None);
         let b = EncodedArgs::new(two.iter().copied(), Some(42));
         let mut cmd = Vec::new();
-        write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[&a, &b, &a]);
+        write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[&a, &b, &a], false);
         let mut expected = redis::cmd("EVALSHA");
         expected.arg(&[b'0'; 40][..]).arg(4).arg("rl:api:a").arg("rl:ip:b").arg("rl:user:c");
         expected.arg("rl:api:a");
@@ -625,8 +641,35 @@ mod tests {
         assert_eq!(cmd, expected.get_packed_command());
         // What each decision adds: all but the call's header ("*26" against "*3" when empty).
         let mut empty = Vec::new();
-        write_batch(&mut empty, &Script { body: "", sha: [b'0'; 40] }, &[]);
+        write_batch(&mut empty, &Script { body: "", sha: [b'0'; 40] }, &[], false);
         assert_eq!(cmd.len(), empty.len() + 1 + 2 * a.wire_len() + b.wire_len());
+    }
+
+    #[test]
+    fn a_node_batch_declares_the_keys_of_its_first_decision_only() {
+        let one = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 2)];
+        let two = [
+            zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::SlidingLog, 0),
+            zone(Key::new(b"rl:", b"user", b"c"), Algorithm::Gcra, 1),
+        ];
+        let a = EncodedArgs::new(one.iter().copied(), None);
+        let b = EncodedArgs::new(two.iter().copied(), Some(42));
+        let script = Script { body: "", sha: [b'0'; 40] };
+        let mut cmd = Vec::new();
+        write_batch(&mut cmd, &script, &[&b, &a, &a], true);
+        let mut expected = redis::cmd("EVALSHA");
+        expected.arg(&[b'0'; 40][..]).arg(2).arg("rl:ip:b").arg("rl:user:c");
+        expected.arg("k2").arg("rl:api:a").arg("rl:api:a");
+        expected.arg(42).arg("l").arg(100).arg(60_000).arg(0).arg(0);
+        expected.arg("g").arg(100).arg(60_000).arg(1).arg(7);
+        expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+        expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+        assert_eq!(cmd, expected.get_packed_command());
+        // A batch of one declares its keys, as ever: no marker.
+        let (mut alone, mut plain) = (Vec::new(), Vec::new());
+        write_batch(&mut alone, &script, &[&b], true);
+        write_batch(&mut plain, &script, &[&b], false);
+        assert_eq!(alone, plain);
     }
 
     #[test]
@@ -672,7 +715,7 @@ mod tests {
         let zones = [zone(Key::new(b"", b"z", b"k"), Algorithm::SlidingCounter, 0)];
         let mut cmd = Vec::new();
         let args = EncodedArgs::new(zones.iter().copied(), None);
-        write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[&args]);
+        write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[&args], false);
         assert!(cmd.windows(6).any(|w| w == b"$0\r\n\r\n"));
     }
 
@@ -702,7 +745,7 @@ mod tests {
             expected.arg(*f);
         }
         let mut cmd = Vec::new();
-        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[args]);
+        write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[args], false);
         assert_eq!(cmd, expected.get_packed_command());
     }
 

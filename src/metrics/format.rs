@@ -50,7 +50,7 @@ fn status_name(i: usize) -> &'static str {
     core::str::from_utf8(STATUSES[i].as_bytes()).unwrap_or("")
 }
 
-const SERVER_COUNTERS: [(Counter, &str, &str); 3] = [
+const SERVER_COUNTERS: [(Counter, &str, &str); 4] = [
     (Counter::Connects, "ratelimit_redis_connects_total", "Connections opened to Redis."),
     (
         Counter::ScriptLoads,
@@ -61,6 +61,11 @@ const SERVER_COUNTERS: [(Counter, &str, &str); 3] = [
         Counter::BreakerOpenings,
         "ratelimit_redis_breaker_openings_total",
         "Times a worker's circuit breaker opened.",
+    ),
+    (
+        Counter::Rerouted,
+        "ratelimit_redis_reroutes_total",
+        "Decisions of a Cluster node's batch sent again alone: a key was not on that node.",
     ),
 ];
 

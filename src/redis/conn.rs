@@ -21,7 +21,7 @@ use ngx::ffi::{
     ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
 };
 
-use super::breaker;
+use super::batch;
 use super::node::NodePool;
 use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
 use super::resp::{self, Reply};
@@ -50,6 +50,13 @@ struct Queued {
     cmd: Command,
 }
 
+impl Queued {
+    /// A decision of a call that must be sent again, in a call of its own.
+    fn alone(seq: u64, waiter: NonNull<Waiter>, cmd: Command) -> Queued {
+        Queued { seq, waiter, cmd: Command { alone: true, ..cmd } }
+    }
+}
+
 /// A set-up command, sent first on every new connection; nothing else is written until each
 /// has been answered, as Redis answers an unauthenticated command of more than 10 arguments
 /// with a protocol error, not `NOAUTH`, and a decision must never reach the wrong database or
@@ -75,13 +82,15 @@ struct Sent {
     written: Instant,
     /// The most bytes its reply may take.
     max_reply: usize,
+    /// A node's batch of decisions of several slots.
+    mixed: bool,
 }
 
 impl Sent {
     /// A command that is no set-up, whose reply answers `decides` decisions (0: dropped, or a
     /// tracker's).
     fn new(at: ngx_msec_t, decides: usize, written: Instant, max_reply: usize) -> Sent {
-        Sent { at, decides, setup: None, written, max_reply }
+        Sent { at, decides, setup: None, written, max_reply, mixed: false }
     }
 }
 
@@ -190,13 +199,8 @@ impl Conn {
             // connect, as they are written as soon as the connection is.
             for (step, bytes) in (*pool).setup() {
                 conn.out.extend_from_slice(bytes);
-                conn.sent.push_back(Sent {
-                    at: ngx_current_msec,
-                    decides: 0,
-                    setup: Some(step),
-                    written: Instant::now(),
-                    max_reply: resp::MAX_REPLY_LEN,
-                });
+                let sent = Sent::new(ngx_current_msec, 0, Instant::now(), resp::MAX_REPLY_LEN);
+                conn.sent.push_back(Sent { setup: Some(step), ..sent });
                 conn.setting_up += 1;
             }
             if conn.setting_up > 0 {
@@ -330,7 +334,7 @@ impl Conn {
         let now = unsafe { ngx_current_msec };
         let written = Instant::now();
         // SAFETY: the pool outlives its connections.
-        let metrics = unsafe { (*self.pool).metrics };
+        let (metrics, per_node) = unsafe { ((*self.pool).metrics, (*self.pool).per_node()) };
         let mut batch: Vec<&EncodedArgs> = Vec::new();
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
             let Some(head) = self.queued.front().map(|q| q.cmd) else { break };
@@ -345,11 +349,11 @@ impl Conn {
             }
             let room = MAX_IN_FLIGHT - self.in_flight.len();
             let most = if head.asking || head.alone { 1 } else { room.min(MAX_BATCH_DECISIONS) };
-            let (mut bytes, mut reload) = (0, false);
+            let (mut bytes, mut reload, mut mixed) = (0, false, false);
             batch.clear();
             for q in self.queued.iter().take(most) {
                 let Payload::Decision(args) = q.cmd.payload else { break };
-                if !batch.is_empty() && (q.cmd.asking || q.cmd.alone || q.cmd.slot != head.slot) {
+                if !batch.is_empty() && !batch::joins(head.shape(), q.cmd.shape(), per_node) {
                     break;
                 }
                 // SAFETY: a queued decision is pending (a cancelled one left the queue), so
@@ -361,6 +365,7 @@ impl Conn {
                 }
                 batch.push(args);
                 reload |= q.cmd.reload;
+                mixed |= q.cmd.slot != head.slot;
             }
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
@@ -373,12 +378,22 @@ impl Conn {
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
                 self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
             }
-            script::write_batch(&mut self.out, script::script(), &batch);
-            self.sent.push_back(Sent::new(now, batch.len(), written, resp::MAX_REPLY_LEN));
+            script::write_batch(&mut self.out, script::script(), &batch, mixed);
+            let sent = Sent::new(now, batch.len(), written, resp::MAX_REPLY_LEN);
+            self.sent.push_back(Sent { mixed, ..sent });
             metrics.gauge(Gauge::InFlight, batch.len() as i64);
             for q in self.queued.drain(..batch.len()) {
                 self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
             }
+        }
+    }
+
+    /// Puts decisions of an answered call back in the queue, in their place by age: before
+    /// anything queued after them, and in the order `cancel` looks them up in.
+    fn requeue(&mut self, again: Vec<Queued>) {
+        for q in again {
+            let i = self.queued.partition_point(|x| x.seq < q.seq);
+            self.queued.insert(i, q);
         }
     }
 
@@ -534,33 +549,40 @@ impl Conn {
                         pool.metrics.round_trip(sent.written.elapsed().as_micros() as u64);
                         let reply = match script::split_batch(reply, n) {
                             Ok(replies) => {
-                                for ((_, w, _), reply) in conn.in_flight.drain(..n).zip(replies) {
-                                    if let Some(w) = w {
-                                        complete(w, Ok(reply));
+                                let mut again = Vec::new();
+                                for ((seq, w, cmd), reply) in conn.in_flight.drain(..n).zip(replies)
+                                {
+                                    let Some(w) = w else { continue };
+                                    match &reply {
+                                        Reply::Error(e) if sent.mixed => {
+                                            if let Some(why) = batch::not_local(e) {
+                                                pool.not_local(why);
+                                                again.push(Queued::alone(seq, w, cmd));
+                                                continue;
+                                            }
+                                        }
+                                        _ => {}
                                     }
+                                    complete(w, Ok(reply));
                                 }
+                                conn.requeue(again);
                                 continue;
                             }
                             Err(reply) => reply,
                         };
-                        if n > 1 && matches!(&reply, Reply::Error(e) if breaker::refused_keys(e)) {
-                            // Refused before it ran, for the keys of one of its decisions
-                            // (`NOPERM`): nothing was applied. Each goes again in a call of its
-                            // own, so that only the one at fault gets the refusal.
-                            let again: Vec<Queued> = conn
+                        if n > 1
+                            && matches!(&reply, Reply::Error(e) if batch::redo_alone(e, sent.mixed))
+                        {
+                            // Refused or redirected before it ran, for the keys of one of its
+                            // decisions (`NOPERM`; in a node's batch, the declared ones):
+                            // nothing was applied. Each goes again in a call of its own, so that
+                            // only the one at fault gets the refusal or follows the redirection.
+                            let again = conn
                                 .in_flight
                                 .drain(..n)
-                                .filter_map(|(seq, w, cmd)| {
-                                    Some(Queued {
-                                        seq,
-                                        waiter: w?,
-                                        cmd: Command { alone: true, ..cmd },
-                                    })
-                                })
+                                .filter_map(|(seq, w, cmd)| Some(Queued::alone(seq, w?, cmd)))
                                 .collect();
-                            for q in again.into_iter().rev() {
-                                conn.queued.push_front(q);
-                            }
+                            conn.requeue(again);
                             continue;
                         }
                         // Concerns the whole call (`NOSCRIPT`): every decision of it.

@@ -1,6 +1,7 @@
 //! Talking to Redis: the RESP codec (pure), Redis Cluster slots and topology (pure), and the
 //! per-worker pool of event-loop connections.
 
+mod batch;
 pub mod breaker;
 #[cfg(not(test))]
 mod cluster;

@@ -13,6 +13,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
+use super::batch;
 use super::breaker::{self, Breaker, Transition};
 use super::conn::{Conn, Setup, MAX_OUTSTANDING};
 use super::pool::{log, Command, RedisError, Token, Waiter};
@@ -153,6 +154,9 @@ pub struct NodePool {
     watcher: Option<Watcher>,
     /// A Cluster's error reply was logged: once is enough to say what is wrong.
     cluster_logged: bool,
+    /// A Cluster node that refused an undeclared key of another slot: batches to it are per
+    /// slot from then on.
+    per_slot: bool,
     /// The outage was reported already (by a former pool for the same address, a primary
     /// named again after it failed): failures are not logged until the node answers.
     quiet: bool,
@@ -178,6 +182,7 @@ impl NodePool {
             probe: None,
             watcher: None,
             cluster_logged: false,
+            per_slot: false,
             quiet: false,
             tracker: None,
         });
@@ -454,6 +459,28 @@ impl NodePool {
         if let Some(q) = self.probe.take() {
             // SAFETY: a probe is in `self.probe` until its `done` runs.
             unsafe { Query::cancel(q) };
+        }
+    }
+
+    /// Whether a script call may carry decisions of several of the slots this node serves.
+    pub(super) fn per_node(&self) -> bool {
+        self.role == Role::Cluster && !self.per_slot
+    }
+
+    /// A decision of a node's batch had a key this node would not let the script use (`why`,
+    /// Redis's error); it goes again alone.
+    pub(super) fn not_local(&mut self, why: &[u8]) {
+        self.metrics.count(Counter::Rerouted);
+        if batch::refuses_other_slots(why) && !self.per_slot {
+            self.per_slot = true;
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log(),
+                "ratelimit: redis \"{}\" refuses undeclared keys of other slots in scripts \
+                 ({}): its decisions are batched per slot",
+                self.addr.name,
+                String::from_utf8_lossy(why)
+            );
         }
     }
 

@@ -11,6 +11,7 @@ use core::ptr::{self, NonNull};
 
 use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events};
 
+use super::batch::Shape;
 use super::cluster::Cluster;
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::node::{Addr, NodePool, Role};
@@ -132,6 +133,11 @@ impl Command {
             max_reply: MAX_REPLY_LEN,
             slot: None,
         }
+    }
+
+    /// What decides which calls it may join.
+    pub(super) fn shape(&self) -> Shape {
+        Shape { slot: self.slot, alone: self.alone || self.asking }
     }
 
     /// The command as a Cluster sends it: with its keys' slot.

@@ -14,6 +14,8 @@ package RLTest::H2;
 #   $c->goaway;              # the server's GOAWAY error code, undef without one
 #   $c->write_error;         # why a write failed (the server closed), undef if none
 #   $c->pump(0.2);           # read and answer frames for up to 0.2 s
+#   $c->cork; ...; $c->uncork;   # frames between them leave in one write: nginx reads
+#                                # them, and runs their requests, in one event
 #   $c->close;
 #
 # Requests are encoded with HPACK literals only (no Huffman, no dynamic
@@ -54,8 +56,17 @@ sub connect {
     return $self;
 }
 
+sub cork { $_[0]{corked} = '' }
+
+sub uncork {
+    my ($self) = @_;
+    my $data = delete $self->{corked} // '';
+    $self->write($data);
+}
+
 sub write {
     my ($self, $data) = @_;
+    return $self->{corked} .= $data if defined $self->{corked};
     # A server that closed: the write error is kept (write_error), the test goes on reading.
     local $SIG{PIPE} = 'IGNORE';
     while (length $data && $self->{sock}) {

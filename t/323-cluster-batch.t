@@ -1,0 +1,156 @@
+# Per-node batches on a Redis Cluster: the decisions an event-loop iteration
+# queues for one node share one script call whatever their slots; only the
+# first decision's keys are declared, the script probes the others.  A
+# decision whose key is not on the node after all (its slot moved and this
+# worker's table does not know yet, or it is migrating and the key left) is
+# answered NOTLOCAL having written nothing, and goes again alone, where MOVED
+# or ASK lead it: decided by Redis, exactly, never wrongly.
+#
+# HTTP/2 streams sent in one write make the batch deterministic: nginx reads
+# them in one event and runs their access phases one after another, so their
+# decisions are queued in one iteration on the node's one connection.
+use lib 't/lib';
+use RLTest;
+use RLTest::Cluster;
+use RLTest::H2;
+
+my $c = RLTest::Cluster->new(dir => servroot() . '/cluster', primaries => 3, replicas => 0)->start;
+my @p = $c->primaries;
+my $SLOW = $RLTest::Nginx::SLOW;
+my $LIMIT = 3;
+
+my $H2 = free_port();
+my ($version) = `@{[RLTest::Nginx::binary()]} -v 2>&1` =~ m{nginx/(\d+\.\d+\.\d+)};
+my $new_h2 = sprintf('%03d%03d%03d', split /\./, $version // '0.0.0') ge '001025001';
+my ($h2_listen, $h2_on) = $new_h2 ? ("127.0.0.1:$H2", 'http2 on;') : ("127.0.0.1:$H2 http2", '');
+my $timeout = $SLOW > 1 ? '3s' : '1s';
+
+nginx()->write_html({ t => "ok\n" });
+start_nginx(workers => 1, log_level => 'info', http_config => <<"EOF", config => <<'EOF');
+    ratelimit_redis @{[join ' ', map { "127.0.0.1:$_" } @p]} cluster=on timeout=$timeout;
+    ratelimit_zone api key=\$arg_k limit=$LIMIT window=1m;
+    ratelimit_fail closed;
+    ratelimit_deny_cache off;
+    ratelimit_metrics_zone 64k;
+    server {
+        listen $h2_listen;
+        $h2_on
+        location /t { ratelimit api; }
+    }
+EOF
+    location = /metrics { ratelimit_metrics; }
+EOF
+
+sub evalsha_calls { my $n = $c->info_field($_[0], 'commandstats', 'cmdstat_evalsha'); $n && $n =~ /calls=(\d+)/ ? $1 : 0 }
+sub reroutes {
+    my $body = http_get('/metrics')->{body} // '';
+    my $n = 0;
+    $n += $1 while $body =~ /^ratelimit_redis_reroutes_total\{[^}]*\} (\d+)$/mg;
+    return $n;
+}
+# Sends one request per key as HTTP/2 streams in one write; returns their statuses, in order.
+sub burst {
+    my @keys = @_;
+    my $h2 = RLTest::H2->connect(port => $H2) or die "h2: $RLTest::H2::error\n";
+    $h2->cork;
+    my @sids = map { $h2->get("/t?k=$_") } @keys;
+    $h2->uncork;
+    $h2->wait_until(10 * $SLOW, sub { !grep { !defined $h2->status($_) } @sids });
+    my @st = map { $h2->status($_) // 'none' } @sids;
+    $h2->close;
+    return @st;
+}
+
+# Eight keys on the first primary, each in a slot of its own.
+my $home = $p[0];
+my (@keys, %slot_taken);
+for (my $i = 0; @keys < 8; $i++) {
+    my $slot = $c->keyslot("rl:api:b$i");
+    next if $c->primary_of_slot($slot) != $home || $slot_taken{$slot}++;
+    push @keys, "b$i";
+}
+my %slot = map { $_ => $c->keyslot("rl:api:$_") } @keys;
+
+SKIP: {
+    my $probe = RLTest::H2->connect(port => $H2);
+    skip "no HTTP/2 connection: $RLTest::H2::error", 17 unless $probe;
+    $probe->close;
+
+    # Warm-up: the worker learns the slots, connects to the node and loads the script.
+    my @warm = burst('warm0');
+    is("@warm", '200', 'a first decision over HTTP/2');
+    for my $k (@keys) { $c->cmd($home, 'DEL', "rl:api:$k") }
+
+    # --- One call for eight slots.
+    my $before = evalsha_calls($home);
+    my @st = burst(@keys);
+    is("@st", join(' ', ('200') x 8), 'eight keys of eight slots on one node: all admitted');
+    my $calls = evalsha_calls($home) - $before;
+    cmp_ok($calls, '<=', 2, "they took $calls script call(s) on their node, not 8");
+    is(scalar(grep { $c->cmd($home, 'ZCARD', "rl:api:$_") == 1 } @keys), 8,
+        'each key holds its one admission on its node');
+    is(reroutes(), 0, 'nothing re-routed while the table is right');
+
+    # --- Two slots move behind the worker's back: one resharded whole (the key
+    # goes with it), one left migrating with its key gone to the importing node.
+    my ($moved, $migrating) = @keys[2, 5];
+    my $to = $p[1];
+    $c->migrate_slot_begin($slot{$moved}, $home, $to);
+    $c->migrate_keys($slot{$moved}, $home, $to);
+    $c->migrate_slot_end($slot{$moved}, $to);
+    $c->migrate_slot_begin($slot{$migrating}, $home, $to);
+    $c->migrate_keys($slot{$migrating}, $home, $to);
+    # COUNTKEYSINSLOT answers for a slot being migrated too, where a key's own command would be
+    # redirected.
+    my $keys_in = sub { $c->cmd($_[0], 'CLUSTER', 'COUNTKEYSINSLOT', $slot{ $_[1] }) };
+    is($keys_in->($to, $_), 1, "$_: its key is on the other node now") for $moved, $migrating;
+
+    $before = evalsha_calls($home);
+    my $to_before = evalsha_calls($to);
+    @st = burst(@keys);
+    is("@st", join(' ', ('200') x 8),
+        'the same eight again: all decided by Redis (ratelimit_fail closed would say 503)');
+    is(reroutes(), 2, 'the two whose keys left were answered NOTLOCAL and sent again alone');
+    $calls = evalsha_calls($home) - $before;
+    cmp_ok($calls, '<=', 3, "the six that stayed shared calls ($calls on their node; the two "
+        . 'sent again there alone were redirected before they ran)');
+    is($c->cmd($to, 'ZCARD', "rl:api:$moved"), 2, "$moved: its second admission written where it lives");
+    is($keys_in->($home, $_), 0, "$_: nothing written on the node it left") for $moved, $migrating;
+    cmp_ok(evalsha_calls($to) - $to_before, '>=', 2, 'the other node decided them');
+
+    # Exactness for all eight: one more each is the limit, then 429.
+    @st = burst(@keys);
+    is("@st", join(' ', ('200') x 8), 'a third request each: admitted (limit 3)');
+    @st = burst(@keys, @keys);
+    is("@st", join(' ', ('429') x 16), 'then every one of the 16 rejected, moved keys included');
+    $c->migrate_slot_end($slot{$migrating}, $to);
+    is($c->cmd($to, 'ZCARD', "rl:api:$migrating"), $LIMIT,
+        "$migrating: its $LIMIT admissions on the node that imported its slot");
+}
+
+# --- The script itself, called on a node with one decision whose second zone
+# is on another node: that decision writes nothing, even in its local zone; the
+# decisions before and after it stand.
+my @local = grep { $c->primary_of_slot($c->keyslot($_)) == $home } map { "rl:x:l$_" } 0 .. 200;
+my ($remote) = grep { $c->primary_of_slot($c->keyslot($_)) == $p[2] } map { "rl:x:r$_" } 0 .. 200;
+open my $fh, '<', 'lua/decide.lua' or die "lua/decide.lua: $!";
+my $script = do { local $/; <$fh> };
+my @zone = ('c', 10, 60000, 1, 0);
+my $r = $c->cmd($home, 'EVAL', $script, 1, $local[0],
+    'k3', $local[1], $remote, $local[2],
+    '', @zone,                     # decision 1: declared
+    '', @zone, @zone,              # decision 2: a local zone, then one on another node
+    '', @zone);                    # decision 3: local, undeclared
+is(ref $r, 'ARRAY', 'the call answers one reply per decision');
+is($r->[0][0], 1, 'decision 1 admitted');
+like(ref $r->[1] eq 'ARRAY' ? "@{$r->[1]}" : ref $r->[1] ? $r->[1]->message : "$r->[1]",
+    qr/^NOTLOCAL ERR Script attempted to access a non local key/,
+    'decision 2: NOTLOCAL, with the reason Redis gave');
+is($r->[2][0], 1, 'decision 3 admitted');
+is(join(' ', map { $c->cmd($home, 'EXISTS', $_) } @local[0 .. 2]), '1 0 1',
+    'decisions 1 and 3 written; not even the local zone of decision 2');
+
+check_no_alerts(error_log_text(), 'per-node batches');
+ok(stop_nginx(), 'nginx quits gracefully');
+$c->stop;
+done_testing();
