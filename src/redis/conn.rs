@@ -127,6 +127,11 @@ impl Conn {
         self.queued.len() + self.in_flight.len()
     }
 
+    /// Whether decisions wait to be written in a call that has room for one more.
+    pub fn batch_open(&self) -> bool {
+        (1..MAX_BATCH_DECISIONS).contains(&self.queued.len())
+    }
+
     fn c(&self) -> *mut ngx_connection_t {
         self.pc.connection
     }
