@@ -693,6 +693,11 @@ unsafe extern "C" fn on_write(wev: *mut ngx_event_t) {
         }
     } else if (*wev).timedout() != 0 {
         return Conn::close(this, RedisError::Timeout, true);
+    } else if conn.out_pos == conn.out.len() {
+        // Nothing left over to write: edge-triggered epoll reports the socket writable with
+        // every reply that arrives, mid-iteration. The decisions queued so far go with the rest
+        // of the iteration's, from the flush their first push posted.
+        return;
     }
     Conn::flush(this);
 }
