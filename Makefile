@@ -18,6 +18,7 @@
 #   make test           cargo test, 60 s of RESP fuzzing, prove -r t against the vendored build
 #                       and against the system build (built if needed), every suite again under
 #                       valgrind (checks that cannot hold there are skipped with their reason);
+#                       TEST_SYSTEM=0 / TEST_VALGRIND=0: without the system suites / the valgrind pass;
 #                       TEST_HARNESS=test-nginx: the suites under the real Test::Nginx::Socket
 #   make docker-bases   the Dockerfile's FROM images from Debian's packages (no registry needed)
 #   make docker-build | docker-smoke | docker-test   the image, its smoke test, make test in it
@@ -89,6 +90,11 @@ APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BEN
 # The valgrind pass of `make test`; TEST_VALGRIND=0 skips it (the Docker test image: CI's own
 # `make test` on the host has run it on the same sources).
 TEST_VALGRIND ?= 1
+# The system build's suites (Debian's nginx 1.22.1 + OpenResty's Lua module) in `make test`;
+# TEST_SYSTEM=0 skips them (the Docker test image, so that CI stays within its time: the host's
+# `make test` has run them on the same sources, and the image still runs cargo test, the fuzz
+# driver and the vendored suites).
+TEST_SYSTEM ?= 1
 
 # The harness the t/ suites run under: rltest (t/lib/RLTest.pm) or test-nginx (the real
 # Test::Nginx::Socket, from CPAN or from a checkout named by TEST_NGINX_LIB=/path/to/test-nginx/lib).
@@ -364,7 +370,8 @@ test: deps-test
 	$(MAKE) test-vendored || rc=1
 	# Debian's nginx with OpenResty's Lua module: (re)built, since its suites are the ones that
 	# prove the Lua compatibility; only a machine without Debian's nginx-dev and apt cannot.
-	if [ -f $(SYS_SRC)/conf_flags ] || { [ "$${SKIP_APT:-}" != 1 ] && command -v apt-get >/dev/null; }; then
+	if [ "$(TEST_SYSTEM)" != 1 ]; then echo "==> skipping test-system (TEST_SYSTEM=0)"
+	elif [ -f $(SYS_SRC)/conf_flags ] || { [ "$${SKIP_APT:-}" != 1 ] && command -v apt-get >/dev/null; }; then
 	  { $(MAKE) build-system && $(MAKE) test-system; } || rc=1
 	else echo "==> skipping test-system: no $(SYS_SRC)/conf_flags (Debian's nginx-dev) and no apt-get to install it"; fi
 	if [ "$(TEST_VALGRIND)" = 1 ]; then $(MAKE) test-valgrind || rc=1

@@ -19,7 +19,10 @@ my $LIMIT = 100;
 
 sub gateway {
     my ($name, $tls) = @_;
-    return start_nginx(name => $name, workers => 2, http_config => <<"EOF", config => <<'EOF');
+    # 1,800 clients at once: one worker may accept most of them, past the default 1,024
+    # connections, and nginx would close some to make room.
+    return start_nginx(name => $name, workers => 2, events => 'worker_connections 4096;',
+        http_config => <<"EOF", config => <<'EOF');
     ratelimit_redis $seed cluster=on ssl=on ssl_trusted_certificate=$certs->{ca} $tls timeout=2s;
     ratelimit_zone api key=\$arg_k limit=$LIMIT window=1h;
 EOF
