@@ -62,16 +62,29 @@ def cpu(c):
     return float(i["used_cpu_user"]) + float(i["used_cpu_sys"])
 
 
-def run(server, batch, node_form, decisions):
+def cluster_ok(c, seconds=10):
+    deadline = time.time() + seconds
+    while "cluster_state:ok" not in c.cmd("CLUSTER", "INFO"):
+        if time.time() > deadline:
+            raise SystemExit("the one-node cluster is not ok:\n%s" % c.cmd("CLUSTER", "INFO"))
+        time.sleep(0.1)
+
+
+def run(server, cluster, batch, node_form, decisions):
     c = server.client
+    if cluster:
+        cluster_ok(c)
     sha = c.cmd("SCRIPT", "LOAD", M.script_text())
     c.cmd("FLUSHALL")
     cmd = call(sha, batch, node_form)
 
     def bench(calls):
-        subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-c", "1",
-                        "-P", str(DEPTH), "-r", str(KEYS), "-n", str(calls), "-q"] + cmd,
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        r = subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-c",
+                            "1", "-P", str(DEPTH), "-r", str(KEYS), "-n", str(calls), "-q"] + cmd,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise SystemExit("batch %d: redis-benchmark failed: %s%s" % (
+                batch, r.stderr.strip()[-300:], "\n" + c.cmd("CLUSTER", "INFO") if cluster else ""))
 
     bench(WARMUP // batch)
     c.cmd("CONFIG", "RESETSTAT")
@@ -100,15 +113,12 @@ def main():
     a = ap.parse_args()
     M.install_signal_cleanup()
     servers = {"plain": M.RedisServer()}
-    # nodes.conf is relative to the server's own --dir.
+    # nodes.conf is relative to the server's own --dir; the bus gets a free port of its own
+    # (the default, port + 10000, may be past 65535 or taken).
     servers["cluster"] = M.RedisServer(extra=("--cluster-enabled", "yes",
-                                              "--cluster-config-file", "nodes.conf"))
+                                              "--cluster-config-file", "nodes.conf",
+                                              "--cluster-port", str(M.free_port())))
     servers["cluster"].client.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
-    deadline = time.time() + 10
-    while "cluster_state:ok" not in servers["cluster"].client.cmd("CLUSTER", "INFO"):
-        if time.time() > deadline:
-            raise SystemExit("the one-node cluster did not come up")
-        time.sleep(0.1)
     version = servers["plain"].client.info("server")["redis_version"]
     rng = random.Random(a.seed)
     results = {v: [] for v in VARIANTS}
@@ -116,7 +126,7 @@ def main():
         order = list(VARIANTS)
         rng.shuffle(order)
         for v in order:
-            us = run(servers[v[0]], v[1], v[2], a.decisions)
+            us = run(servers[v[0]], v[0] == "cluster", v[1], v[2], a.decisions)
             results[v].append(us)
             print("round %d %-7s batch %2d %-9s %6.2f us/decision" % (
                 rnd + 1, v[0], v[1], "node form" if v[2] else "declared", us), file=sys.stderr)

@@ -620,15 +620,22 @@ mod tests {
         assert_eq!(EncodedArgs::new(odd.iter().copied(), None).slot(), Some(slot));
     }
 
-    #[test]
-    fn a_batch_puts_every_key_before_every_argument() {
+    /// A decision of one zone (clock from Redis) and one of two (a gateway clock of 42 ms).
+    fn two_decisions() -> (EncodedArgs, EncodedArgs) {
         let one = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 2)];
         let two = [
             zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::SlidingLog, 0),
             zone(Key::new(b"rl:", b"user", b"c"), Algorithm::Gcra, 1),
         ];
-        let a = EncodedArgs::new(one.iter().copied(), None);
-        let b = EncodedArgs::new(two.iter().copied(), Some(42));
+        (
+            EncodedArgs::new(one.iter().copied(), None),
+            EncodedArgs::new(two.iter().copied(), Some(42)),
+        )
+    }
+
+    #[test]
+    fn a_batch_puts_every_key_before_every_argument() {
+        let (a, b) = two_decisions();
         let mut cmd = Vec::new();
         write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[&a, &b, &a], false);
         let mut expected = redis::cmd("EVALSHA");
@@ -647,13 +654,7 @@ mod tests {
 
     #[test]
     fn a_node_batch_declares_the_keys_of_its_first_decision_only() {
-        let one = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 2)];
-        let two = [
-            zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::SlidingLog, 0),
-            zone(Key::new(b"rl:", b"user", b"c"), Algorithm::Gcra, 1),
-        ];
-        let a = EncodedArgs::new(one.iter().copied(), None);
-        let b = EncodedArgs::new(two.iter().copied(), Some(42));
+        let (a, b) = two_decisions();
         let script = Script { body: "", sha: [b'0'; 40] };
         let mut cmd = Vec::new();
         write_batch(&mut cmd, &script, &[&b, &a, &a], true);
