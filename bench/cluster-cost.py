@@ -21,8 +21,12 @@ in the topology benchmark. Each run: FLUSHALL, a warm-up, CONFIG RESETSTAT, then
 decisions, redis-benchmark on one connection 32 calls deep; Redis CPU is the used_cpu_user +
 used_cpu_sys delta per decision. Variants run in a new random order each round.
 
-Writes bench/cluster-cost.md and prints it. Python 3 standard library, plus redis-server and
-redis-benchmark on the PATH; both servers on free loopback ports, stopped at exit.
+Then, per variant, user-space instructions per decision of a fresh redis-server under
+valgrind's callgrind (repeatable on a noisy machine; system calls not counted).
+
+Writes bench/cluster-cost.md and prints it. Python 3 standard library, plus redis-server,
+redis-benchmark, valgrind and callgrind_control on the PATH; every server on free loopback
+ports, stopped at exit.
 
 Usage: bench/cluster-cost.py [--rounds 5] [--decisions 60000] [--out bench/cluster-cost.md]
 """
@@ -30,9 +34,11 @@ Usage: bench/cluster-cost.py [--rounds 5] [--decisions 60000] [--out bench/clust
 import argparse
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -104,12 +110,74 @@ def run(server, cluster, batch, node_form, decisions):
     return used * 1e6 / (int(st["calls"]) * batch)
 
 
+def instructions(cluster, batch, node_form, decisions):
+    """User-space instructions per decision of a fresh redis-server under callgrind: the same
+    every run, whatever else the machine does (system calls are not counted). Counted from
+    after a warm-up (callgrind_control -z) to a dump after the measured calls."""
+    port, bus = M.free_port(), M.free_port()
+    d = tempfile.mkdtemp(prefix="rl-bench-cg.")
+    out = os.path.join(d, "callgrind.out")
+    extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-port", str(bus)] if cluster else []
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
+                             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
+                             "", "--appendonly", "no", "--dir", d] + extra,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                c = M.Client(port)
+                c.cmd("PING")
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise SystemExit("redis-server under callgrind did not start")
+                time.sleep(0.2)
+        if cluster:
+            c.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+            cluster_ok(c, 60)
+        cmd = call(c.cmd("SCRIPT", "LOAD", M.script_text()), batch, node_form)
+        calls = max(decisions // batch, DEPTH)
+
+        def bench(n):
+            subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "1",
+                            "-P", str(DEPTH), "-r", str(KEYS), "-n", str(n), "-q"] + cmd,
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        bench(calls // 4)
+        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL)
+        bench(calls)
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL)
+        st = dict(f.split("=", 1) for f in c.info("commandstats")["cmdstat_evalsha"].split(","))
+        if st.get("failed_calls", "0") != "0":
+            raise SystemExit("batch %d under callgrind: EVALSHA calls failed" % batch)
+        total = None
+        with open(out + ".1") as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+        if total is None:
+            raise SystemExit("no totals in %s.1" % out)
+        # redis-benchmark rounds the count up to whole pipelines.
+        return total / (calls + (-calls) % DEPTH) / batch
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--decisions", type=int, default=60_000)
     ap.add_argument("--out", default=os.path.join(M.ROOT, "bench", "cluster-cost.md"))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--instruction-decisions", type=int, default=6_000,
+                    help="decisions per variant under callgrind (0: no instruction counts)")
     a = ap.parse_args()
     M.install_signal_cleanup()
     servers = {"plain": M.RedisServer()}
@@ -134,6 +202,12 @@ def main():
         s.stop()
 
     med = {v: statistics.median(rs) for v, rs in results.items()}
+    instr = {}
+    if a.instruction_decisions:
+        for v in VARIANTS:
+            instr[v] = instructions(v[0] == "cluster", v[1], v[2], a.instruction_decisions)
+            print("callgrind %-7s batch %2d %-9s %8.0f instructions/decision" % (
+                v[0], v[1], "node form" if v[2] else "declared", instr[v]), file=sys.stderr)
     # Fixed cost per call F and cost per decision D from one server's batches of 1 and 12:
     # cost(b) = F / b + D.
     f = (med[("plain", 1, False)] - med[("plain", 12, False)]) / (1 - 1 / 12)
@@ -150,15 +224,19 @@ def main():
                                       LIMIT, WINDOW // 1000),
         "",
         "| server | decisions per call | keys | Redis CPU µs per decision (median) | min–max |"
+        " vs one server, batches of 12 | user-space instructions per decision (callgrind) |"
         " vs one server, batches of 12 |",
-        "| --- | ---: | --- | ---: | ---: | ---: |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    ibase = instr.get(("plain", 12, False))
     for v in VARIANTS:
         rs = results[v]
-        lines.append("| %s | %d | %s | **%.2f** | %.2f–%.2f | %.2f× |" % (
+        lines.append("| %s | %d | %s | **%.2f** | %.2f–%.2f | %.2f× | %s | %s |" % (
             "one server" if v[0] == "plain" else "cluster-enabled, one node, every slot",
             v[1], "first decision's declared, others probed" if v[2] else "all declared",
-            med[v], min(rs), max(rs), med[v] / base))
+            med[v], min(rs), max(rs), med[v] / base,
+            "{:,.0f}".format(instr[v]) if v in instr else "–",
+            "%.2f×" % (instr[v] / ibase) if v in instr else "–"))
     lines += [
         "",
         "From one server's batches of 1 and 12 (cost = F / batch + D): a call's fixed cost F ="
@@ -171,6 +249,13 @@ def main():
         " often, which no form of batch removes without holding decisions back for longer than"
         " an iteration; the probes and cluster mode add the rest (the node-form and cluster rows"
         " against one server's at the same batch size).",
+        "",
+        "Instructions: one run per variant of %d decisions on a fresh redis-server under"
+        " `valgrind --tool=callgrind`, counted after a warm-up; repeatable whatever the machine"
+        " does, but blind to the kernel: the read, write and event-loop system calls of each call"
+        " are in the CPU columns only, which is why the CPU ratios of small batches exceed the"
+        " instruction ratios." % a.instruction_decisions if instr else
+        "Instructions: not counted (--instruction-decisions 0).",
     ]
     text = "\n".join(lines) + "\n"
     with open(a.out, "w") as fh:
