@@ -29,6 +29,8 @@ redis-benchmark, valgrind and callgrind_control on the PATH; every server on fre
 ports, stopped at exit.
 
 Usage: bench/cluster-cost.py [--rounds 5] [--decisions 60000] [--out bench/cluster-cost.md]
+       [--root DIR [--declared-only]]   (the script of another checkout, e.g. `git worktree add
+       DIR <commit>`; --declared-only for one from before node batches)
 """
 
 import argparse
@@ -76,11 +78,11 @@ def cluster_ok(c, seconds=10):
         time.sleep(0.1)
 
 
-def run(server, cluster, batch, node_form, decisions):
+def run(script, server, cluster, batch, node_form, decisions):
     c = server.client
     if cluster:
         cluster_ok(c)
-    sha = c.cmd("SCRIPT", "LOAD", M.script_text())
+    sha = c.cmd("SCRIPT", "LOAD", script)
     c.cmd("FLUSHALL")
     cmd = call(sha, batch, node_form)
 
@@ -110,7 +112,7 @@ def run(server, cluster, batch, node_form, decisions):
     return used * 1e6 / (int(st["calls"]) * batch)
 
 
-def instructions(cluster, batch, node_form, decisions):
+def instructions(script, cluster, batch, node_form, decisions):
     """User-space instructions per decision of a fresh redis-server under callgrind: the same
     every run, whatever else the machine does (system calls are not counted). Counted from
     after a warm-up (callgrind_control -z) to a dump after the measured calls."""
@@ -138,7 +140,7 @@ def instructions(cluster, batch, node_form, decisions):
         if cluster:
             c.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
             cluster_ok(c, 60)
-        cmd = call(c.cmd("SCRIPT", "LOAD", M.script_text()), batch, node_form)
+        cmd = call(c.cmd("SCRIPT", "LOAD", script), batch, node_form)
         calls = max(decisions // batch, DEPTH)
 
         def bench(n):
@@ -178,7 +180,15 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--instruction-decisions", type=int, default=6_000,
                     help="decisions per variant under callgrind (0: no instruction counts)")
+    ap.add_argument("--root", default=M.ROOT,
+                    help="the checkout whose lua/ script is measured (an older commit's worktree,"
+                    " to compare scripts; the report names its commit)")
+    ap.add_argument("--declared-only", action="store_true",
+                    help="only the variants whose keys are all declared: for a script from before"
+                    " node batches (commit 366ce51), which refuses their form")
     a = ap.parse_args()
+    script = M.script_text(a.root)
+    variants = [v for v in VARIANTS if not (a.declared_only and v[2])]
     M.install_signal_cleanup()
     servers = {"plain": M.RedisServer()}
     # nodes.conf is relative to the server's own --dir; the bus gets a free port of its own
@@ -189,12 +199,12 @@ def main():
     servers["cluster"].client.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
     version = servers["plain"].client.info("server")["redis_version"]
     rng = random.Random(a.seed)
-    results = {v: [] for v in VARIANTS}
+    results = {v: [] for v in variants}
     for rnd in range(a.rounds):
-        order = list(VARIANTS)
+        order = list(variants)
         rng.shuffle(order)
         for v in order:
-            us = run(servers[v[0]], v[0] == "cluster", v[1], v[2], a.decisions)
+            us = run(script, servers[v[0]], v[0] == "cluster", v[1], v[2], a.decisions)
             results[v].append(us)
             print("round %d %-7s batch %2d %-9s %6.2f us/decision" % (
                 rnd + 1, v[0], v[1], "node form" if v[2] else "declared", us), file=sys.stderr)
@@ -204,8 +214,9 @@ def main():
     med = {v: statistics.median(rs) for v, rs in results.items()}
     instr = {}
     if a.instruction_decisions:
-        for v in VARIANTS:
-            instr[v] = instructions(v[0] == "cluster", v[1], v[2], a.instruction_decisions)
+        for v in variants:
+            instr[v] = instructions(script, v[0] == "cluster", v[1], v[2],
+                                   a.instruction_decisions)
             print("callgrind %-7s batch %2d %-9s %8.0f instructions/decision" % (
                 v[0], v[1], "node form" if v[2] else "declared", instr[v]), file=sys.stderr)
     # Fixed cost per call F and cost per decision D from one server's batches of 1 and 12:
@@ -220,7 +231,7 @@ def main():
         " interleaved; redis-benchmark, 1 connection, %d calls deep; %d keys at random; limit %d"
         " per %d s, sliding_log, clock=redis, every decision admitted). One redis-server per"
         " server kind, nothing else competing: what the script costs, not what three processes"
-        " sharing two cores cost." % (M.git_rev(), version, a.rounds, a.decisions, DEPTH, KEYS,
+        " sharing two cores cost." % (M.git_rev(a.root), version, a.rounds, a.decisions, DEPTH, KEYS,
                                       LIMIT, WINDOW // 1000),
         "",
         "| server | decisions per call | keys | Redis CPU µs per decision (median) | min–max |"
@@ -229,7 +240,7 @@ def main():
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     ibase = instr.get(("plain", 12, False))
-    for v in VARIANTS:
+    for v in variants:
         rs = results[v]
         lines.append("| %s | %d | %s | **%.2f** | %.2f–%.2f | %.2f× | %s | %s |" % (
             "one server" if v[0] == "plain" else "cluster-enabled, one node, every slot",

@@ -385,11 +385,11 @@ class Driver:
         }
 
 
-def git_rev():
+def git_rev(root=ROOT):
     try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "lua", "src/script.rs"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "lua", "src/script.rs"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (rev or "?") + (" (lua/ or src/script.rs modified)" if dirty else "")
     except (OSError, subprocess.SubprocessError):
