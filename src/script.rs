@@ -71,14 +71,14 @@ pub const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// with [`split_batch`]. Redis wants all KEYS before all ARGV: `EVALSHA sha numkeys <every
 /// decision's keys> <every decision's argv>`.
 ///
-/// `per_node`: a Cluster node's batch, whose decisions may be of several slots. Only the first
+/// `mixed`: a Cluster node's batch whose decisions are of several slots. Only the first
 /// decision's keys are declared (a call may declare keys of one slot); the others go first in
 /// ARGV, after `k<count>`, and the script probes each before its decision uses it.
-pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&EncodedArgs], per_node: bool) {
+pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&EncodedArgs], mixed: bool) {
     let zones: usize = batch.iter().map(|a| a.zones).sum();
     let argv: usize = batch.iter().map(|a| a.argv_count()).sum();
     let declared = match batch.first() {
-        Some(first) if per_node && batch.len() > 1 => first.zones,
+        Some(first) if mixed && batch.len() > 1 => first.zones,
         _ => zones,
     };
     let (head, rest) = batch.split_at(if declared < zones { 1 } else { batch.len() });
