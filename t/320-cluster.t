@@ -51,10 +51,11 @@ my @primaries = $cluster->primaries;
 is(scalar @primaries, 3, 'three primaries');
 
 my $LIMIT = 100;
+my $TIMEOUT = 2;
 my $N = $ENV{TEST_RL_CONCURRENCY} || 500;
 my $seeds = join ' ', map { "127.0.0.1:$_" } @primaries[0, 1];
 my $http = <<"EOF";
-    ratelimit_redis $seeds cluster=on timeout=2s;
+    ratelimit_redis $seeds cluster=on timeout=${TIMEOUT}s;
     ratelimit_zone api key=\$arg_k limit=$LIMIT window=1h;
     ratelimit_zone big key=\$arg_k limit=100000 window=1h algorithm=sliding_counter;
     ratelimit_zone per_min "key={\$arg_k}" limit=5 window=1m;
@@ -65,7 +66,8 @@ my $config = <<'EOF';
     ratelimit_fail closed;
     ratelimit_deny_cache off;
     location /t { ratelimit api; add_header X-RL $ratelimit_status always; }
-    location /big { ratelimit big; add_header X-RL $ratelimit_status always; }
+    location /big { ratelimit big; add_header X-RL $ratelimit_status always;
+                    add_header X-T $request_time always; }
     location /both { ratelimit per_min; ratelimit per_day;
                      add_header X-RL $ratelimit_status always; }
     location /one { ratelimit per_min; add_header X-RL $ratelimit_status always; }
@@ -158,8 +160,8 @@ sub traffic {
         my $t = time;
         my $res = http_parallel(\@specs, timeout => 10);
         for my $i (0 .. $#keys) {
-            printf $out "%.3f %s %s %s\n", $t, $keys[$i], $res->[$i]{status} // 'error',
-                header($res->[$i], 'X-RL') // '-';
+            printf $out "%.3f %s %s %s %s\n", $t, $keys[$i], $res->[$i]{status} // 'error',
+                header($res->[$i], 'X-RL') // '-', header($res->[$i], 'X-T') // '-';
         }
         sleep 0.01;
     }
@@ -174,18 +176,32 @@ sub stop_traffic {
     return [map { [split ' '] } <$in>];
 }
 
-# --- A manual failover under traffic: no decision fails.
+# --- A manual failover under traffic: no decision fails.  The old primary
+# pauses writes from the replica's request until it hears of the new primary:
+# ~12 ms here, 1.2-1.6 s when the primaries delay their votes, and once in CI
+# longer than the timeout: the decisions of one round sent to the old primary
+# waited 2 s and followed ratelimit_fail, as for any Redis that does not answer
+# (the same 9 keys fail when the replica is stopped for 2.5 s mid-failover).
+# Any other failure is the module's.
 my $victim = $cluster->primary_of_slot($cluster->keyslot('rl:big:' . $keys[0]));
 my $replica = $cluster->replica_of($victim);
 my $file = servroot() . '/traffic-failover';
 my $pid = traffic('/big', $file, map { "f$_" } 1 .. 30);
 sleep 1;
+my $t0 = time;
 my $took = $cluster->failover($replica);
 sleep 1;
 my $lines = stop_traffic($pid, $file);
 my @failed = grep { $_->[3] ne 'PASSED' } @$lines;
-diag(sprintf 'CLUSTER FAILOVER took %.3f s; %d decisions around it', $took, scalar @$lines);
-is(scalar @failed, 0, 'manual CLUSTER FAILOVER: no decision failed') or diag(explain [@failed[0 .. 4]]);
+my @paused = grep {
+    $took >= $TIMEOUT - 0.5 && $_->[4] ne '-' && $_->[4] >= $TIMEOUT - 0.01
+        && $_->[0] > $t0 - 0.5 && $_->[0] < $t0 + $took
+} @failed;
+diag(sprintf 'CLUSTER FAILOVER took %.3f s; %d decisions around it; %d waited out a pause longer '
+    . 'than the timeout', $took, scalar @$lines, scalar @paused);
+is(scalar @failed - @paused, 0,
+    'manual CLUSTER FAILOVER: no decision failed, but in a pause longer than the timeout')
+    or diag(explain [@failed[0 .. 4]]);
 cmp_ok(scalar @$lines, '>', 300, 'traffic went on throughout');
 
 # --- Resharding under traffic: ASK followed, nothing over the limit.
