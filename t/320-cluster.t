@@ -188,14 +188,14 @@ my $replica = $cluster->replica_of($victim);
 my $file = servroot() . '/traffic-failover';
 my $pid = traffic('/big', $file, map { "f$_" } 1 .. 30);
 sleep 1;
-my $t0 = time;
+my $fo_t0 = time;
 my $took = $cluster->failover($replica);
 sleep 1;
 my $lines = stop_traffic($pid, $file);
 my @failed = grep { $_->[3] ne 'PASSED' } @$lines;
 my @paused = grep {
     $took >= $TIMEOUT - 0.5 && $_->[4] ne '-' && $_->[4] >= $TIMEOUT - 0.01
-        && $_->[0] > $t0 - 0.5 && $_->[0] < $t0 + $took
+        && $_->[0] > $fo_t0 - 0.5 && $_->[0] < $fo_t0 + $took
 } @failed;
 diag(sprintf 'CLUSTER FAILOVER took %.3f s; %d decisions around it; %d waited out a pause longer '
     . 'than the timeout', $took, scalar @$lines, scalar @paused);
