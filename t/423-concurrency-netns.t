@@ -6,7 +6,8 @@
 # renew, so its slots lapse within lease_time (2 s) and gateway 2 goes on,
 # admitting the whole limit again.  Gateway 1's requests still run meanwhile:
 # the backend's own log measures that over-admission.  Restored, gateway 1's
-# renewals find their slots gone and count them as lapsed.
+# renewals find their slots gone and count them as lapsed.  A decision given up
+# on during a cut is not delivered to Redis once the network heals.
 use lib 't/lib';
 use RLTest;
 use RLTest::Netns;
@@ -25,9 +26,11 @@ for my $g (1, 2) {
     start_nginx(name => "gw$g", $net->nginx_options($g), workers => 2,
         http_config => "    ratelimit_redis $addr:6380 timeout=300ms fail_backoff=200ms;\n"
             . "    ratelimit_zone conc key=\$arg_k limit=5 algorithm=concurrency lease_time=2s;\n"
+            . "    ratelimit_zone rate key=\$arg_k limit=5 window=1m;\n"
             . "    ratelimit_metrics_zone 64k;\n",
         config => "        add_header X-RL \$ratelimit_status always;\n"
             . "        location /c { ratelimit conc; proxy_pass http://$up; }\n"
+            . "        location /r { ratelimit rate; ratelimit_fail closed; proxy_pass http://$up; }\n"
             . "        location = /admin { ratelimit_admin conc; }\n"
             . "        location = /metrics { ratelimit_metrics; }\n");
 }
@@ -35,6 +38,13 @@ sub gw { nginx("gw$_[0]")->addr }
 sub in_flight {
     my $b = http_request(port => gw(2), request => "GET /admin?key=$_[0]")->{body} // '';
     return $b =~ /"in_flight":(\d+)/ ? $1 : -1;
+}
+
+# A cold worker's first decision connects and loads the script first: under
+# valgrind that outlasts timeout=300ms. Every worker of both gateways decides
+# once before the test (two rounds, as a timed-out first one is no warm-up).
+for my $round (1, 2) {
+    http_parallel([map { { port => gw(1 + $_ % 2), request => "GET /c?k=warm$_&hold=0" } } 1 .. 16]);
 }
 
 my @held = map { http_start(port => gw(1), request => "GET /c?k=kn&hold=12&n=$_") } 1 .. 5;
@@ -68,6 +78,23 @@ note("cut: the backend saw $over requests of the key at once");
 is($over, 10, 'cut: over-admission while the cut gateway\'s 5 requests ran on: 10 at once, '
     . 'bounded by what it held');
 ok(wait_until(3, sub { in_flight('kn') == 0 }), 'nothing held afterwards');
+
+# --- A decision given up on is never run later.  Gateway 2 loses Redis while
+# a decision is on its way: after timeout it follows ratelimit_fail (closed,
+# 503).  The command is still in the kernel's send buffer, and TCP would
+# deliver it once the network heals (retransmitted 0.2, 0.6, 1.4 s ... after
+# the write, for minutes): Redis would count a request that was refused.  The
+# module resets a connection it gives up on, which drops it.
+$net->cut(2, 6380);
+my $stale = http_request(port => gw(2), request => 'GET /r?k=stale&hold=0');
+is($stale->{status}, 503, 'stale: a decision cut off on its way follows ratelimit_fail (closed)');
+$net->restore(2);
+sleep 2;
+is($redis->cmd('ZCARD', 'rl:rate:stale'), 0,
+    'stale: once the network healed, Redis never ran it: the refused request is not counted');
+my $fresh = http_request(port => gw(2), request => 'GET /r?k=stale&hold=0');
+is(($fresh->{status} // 0) . ' ' . (header($fresh, 'RateLimit-Remaining') // '-'), '200 4',
+    'stale: the next request is the key\'s first');
 
 ok(stop_nginx("gw$_"), "gw$_ quits gracefully") for 1, 2;
 check_no_alerts(error_log_text("gw$_"), "gw$_") for 1, 2;

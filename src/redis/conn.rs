@@ -14,11 +14,12 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use ngx::ffi::{
-    getsockopt, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec, ngx_cycle,
-    ngx_del_timer, ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer,
+    getsockopt, linger, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec,
+    ngx_cycle, ngx_del_timer, ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer,
     ngx_event_t, ngx_exiting, ngx_handle_read_event, ngx_handle_write_event, ngx_log_t,
     ngx_msec_int_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event, ngx_posted_events,
-    ngx_str_t, ngx_tcp_nodelay, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK, SOL_SOCKET, SO_ERROR,
+    ngx_str_t, ngx_tcp_nodelay, setsockopt, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK,
+    SOL_SOCKET, SO_ERROR, SO_LINGER,
 };
 
 use super::batch;
@@ -316,6 +317,14 @@ impl Conn {
             }
             if conn.flush_ev.posted() != 0 {
                 ngx_delete_posted_event(ptr::addr_of!(conn.flush_ev) as *mut _);
+            }
+            if matches!(why, RedisError::Timeout) {
+                // What was written and not answered may still wait in the kernel's send
+                // buffer: when a partition heals, TCP would deliver it and Redis would run
+                // decisions given up on long ago (a request ratelimit_fail denied counted, an
+                // ended request's slot written back). A reset drops it, as nginx's
+                // `reset_timedout_connection` does.
+                reset_on_close(conn.c());
             }
             let tls_pool = tls::shutdown(conn.c());
             ngx_close_connection(conn.c());
@@ -749,6 +758,15 @@ unsafe extern "C" fn on_read(rev: *mut ngx_event_t) {
         return;
     }
     Conn::read(this);
+}
+
+/// Makes the coming close send a reset and drop unsent data (`SO_LINGER` of 0), as
+/// `ngx_http_finalize_connection` does for `reset_timedout_connection`. Best effort: a failure
+/// leaves the ordinary close.
+unsafe fn reset_on_close(c: *mut ngx_connection_t) {
+    let l = linger { l_onoff: 1, l_linger: 0 };
+    let len = size_of::<linger>() as socklen_t;
+    setsockopt((*c).fd, SOL_SOCKET as c_int, SO_LINGER as c_int, ptr::addr_of!(l).cast(), len);
 }
 
 /// The outcome of a non-blocking connect, as `ngx_http_upstream_test_connect` reads it.
