@@ -761,7 +761,7 @@ unsafe extern "C" fn on_read(rev: *mut ngx_event_t) {
 }
 
 /// Makes the coming close send a reset and drop unsent data (`SO_LINGER` of 0), as
-/// `ngx_http_finalize_connection` does for `reset_timedout_connection`. Best effort: a failure
+/// `ngx_http_free_request` does for `reset_timedout_connection`. Best effort: a failure
 /// leaves the ordinary close.
 unsafe fn reset_on_close(c: *mut ngx_connection_t) {
     let l = linger { l_onoff: 1, l_linger: 0 };
