@@ -178,7 +178,7 @@ sub stop_traffic {
 
 # --- A manual failover under traffic: no decision fails.  The old primary
 # pauses writes from the replica's request until it hears of the new primary:
-# ~12 ms here, 1.2-1.6 s when the primaries delay their votes, and once in CI
+# ~12 ms here, 1.2-1.6 s in back-to-back failovers of one shard, once in CI
 # longer than the timeout: the decisions of one round sent to the old primary
 # waited 2 s and followed ratelimit_fail, as for any Redis that does not answer
 # (the same 9 keys fail when the replica is stopped for 2.5 s mid-failover).
