@@ -106,6 +106,8 @@ pub struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     inbuf: Vec<u8>,
+    /// The framing of the reply at the start of `inbuf` so far.
+    framer: resp::Framer,
     queued: VecDeque<Queued>,
     /// Decisions written, oldest first, by sequence number, with what was sent for them;
     /// `None` is a request that went away, whose reply is read and dropped.
@@ -153,6 +155,7 @@ impl Conn {
                 out: Vec::with_capacity(READ_CHUNK),
                 out_pos: 0,
                 inbuf: Vec::with_capacity(READ_CHUNK),
+                framer: resp::Framer::default(),
                 queued: VecDeque::new(),
                 in_flight: VecDeque::new(),
                 sent: VecDeque::new(),
@@ -513,7 +516,8 @@ impl Conn {
             }
             let mut pos = 0;
             loop {
-                match resp::decode_within(&conn.inbuf[pos..], limit(conn)) {
+                let max = limit(conn);
+                match resp::decode_framed(&mut conn.framer, &conn.inbuf[pos..], max) {
                     Ok(Some((mut reply, used))) => {
                         pos += used;
                         // `MOVED 3999 :6381` means this node's host; other error replies
