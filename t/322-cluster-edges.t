@@ -130,9 +130,27 @@ cmp_ok($size, '>', 2 << 20, "CLUSTER SLOTS answers $size bytes, over the 2 MiB o
 # Known without asking from now on: CLUSTER SLOTS is slow to read.
 $fragmented = 1;
 
+# A new worker decides before it has read the table (through the seed, following MOVED),
+# at start and after a reload alike: no decision waits for the read, none fails for it.
+sub map_reads { [error_log_text() =~ /cluster map from .* read in (\d+)ms$/mg] }
+sub first_decisions_of_a_new_worker {
+    my ($what, $seen) = @_;
+    my $t0 = Time::HiRes::time();
+    my $st = rl(http_get("/t?k=$what-first"));
+    my $first = Time::HiRes::time() - $t0;
+    is($st, 'PASSED', "$what: the new worker's first decision made by Redis");
+    exact_on_every_primary($what);
+    my $reads = [];
+    wait_until(10 * $timeout, sub { @{ $reads = map_reads() } > $seen }, 0.1);
+    diag(sprintf "%s: first decision %.0f ms after the worker was started, table read in %s ms",
+        $what, 1000 * $first, $reads->[-1] // '?');
+}
 start_nginx(http_config => "    ratelimit_redis 127.0.0.1:$p[0] cluster=on timeout=${timeout}s;\n$http",
     config => $config);
-exact_on_every_primary('big-table');
+first_decisions_of_a_new_worker('big-table', 0);
+my $seen = @{ map_reads() };
+reload_nginx();
+first_decisions_of_a_new_worker('reload', $seen);
 
 # A value of 1,400 braces, tripled by escaping: the tag itself is shortened, alike in both zones.
 for my $case (['{' x 1400, 'a tag over 4 KiB'], [('{' x 1000) . 'x', 'a tag under 4 KiB in a value over it']) {

@@ -130,6 +130,19 @@ impl Conn {
         self.queued.len() + self.in_flight.len()
     }
 
+    /// Whether nothing is queued, in flight or being set up here.
+    pub fn unused(&self) -> bool {
+        self.load() == 0 && self.sent.is_empty()
+    }
+
+    /// Whether a command whose reply may be larger than a decision's is on this connection:
+    /// what is pipelined behind it waits until all of that reply has been read. Nothing else is
+    /// given to the connection meanwhile, so it is the oldest.
+    pub fn holds_large(&self) -> bool {
+        let cmd = self.queued.front().map(|q| &q.cmd).or(self.in_flight.front().map(|f| &f.2));
+        cmd.is_some_and(|c| c.max_reply > resp::MAX_REPLY_LEN)
+    }
+
     /// Whether decisions wait to be written in a call that has room for one more.
     pub fn batch_open(&self) -> bool {
         (1..MAX_BATCH_DECISIONS).contains(&self.queued.len())
