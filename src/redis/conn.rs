@@ -122,6 +122,8 @@ pub struct Conn {
     /// A connection of the node's tracker (`true`: its subscriber), never used for decisions:
     /// every reply goes to the tracker, asked for or not (invalidation messages).
     dedicated: Option<(NonNull<Tracker>, bool)>,
+    /// Made for one command whose reply may take long to read (`make_private`).
+    private: bool,
 }
 
 impl Conn {
@@ -130,17 +132,17 @@ impl Conn {
         self.queued.len() + self.in_flight.len()
     }
 
-    /// Whether nothing is queued, in flight or being set up here.
-    pub fn unused(&self) -> bool {
-        self.load() == 0 && self.sent.is_empty()
+    pub fn private(&self) -> bool {
+        self.private
     }
 
-    /// Whether a command whose reply may be larger than a decision's is on this connection:
-    /// what is pipelined behind it waits until all of that reply has been read. Nothing else is
-    /// given to the connection meanwhile, so it is the oldest.
-    pub fn holds_large(&self) -> bool {
-        let cmd = self.queued.front().map(|q| &q.cmd).or(self.in_flight.front().map(|f| &f.2));
-        cmd.is_some_and(|c| c.max_reply > resp::MAX_REPLY_LEN)
+    /// Reserves a new connection for one command whose reply may take long to read: no
+    /// decision is given to it, and it closes once idle.
+    ///
+    /// # Safety
+    /// `this` is a live connection.
+    pub unsafe fn make_private(this: NonNull<Conn>) {
+        (*this.as_ptr()).private = true;
     }
 
     /// Whether decisions wait to be written in a call that has room for one more.
@@ -176,6 +178,7 @@ impl Conn {
                 setting_up: 0,
                 flush_ev: core::mem::zeroed(),
                 dedicated: None,
+                private: false,
             });
             if (*pool).reported() {
                 // nginx logs each failed connect() itself; an outage was already reported.
@@ -655,9 +658,10 @@ impl Conn {
                 return Conn::close(this, RedisError::Closed, false);
             }
             // A tracker's connection stays, to hear of changes; `keepalive_timeout=0`, as
-            // nginx's: no keepalive, a decision connection is closed as soon as idle.
+            // nginx's: no keepalive, a decision connection is closed as soon as idle. A private
+            // one has done its one job.
             let keepalive = pool.conf().keepalive_timeout;
-            if keepalive == 0 && conn.dedicated.is_none() {
+            if (keepalive == 0 && conn.dedicated.is_none()) || conn.private {
                 return Conn::close(this, RedisError::Closed, false);
             }
             // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too. The

@@ -302,8 +302,8 @@ impl NodePool {
         waiter: NonNull<Waiter>,
         cmd: Command,
     ) -> Result<Token, RedisError> {
-        let conn = if cmd.max_reply > MAX_REPLY_LEN { self.pick_idle()? } else { self.pick()? };
-        // SAFETY: `pick` and `pick_idle` return a live connection of this pool.
+        let conn = if cmd.max_reply > MAX_REPLY_LEN { self.pick_private()? } else { self.pick()? };
+        // SAFETY: `pick` and `pick_private` return a live connection of this pool.
         Ok(Conn::push(conn, waiter, cmd))
     }
 
@@ -322,19 +322,18 @@ impl NodePool {
         Ok(Conn::push(conn, waiter, cmd))
     }
 
-    /// A connection for a command whose reply may take megabytes (`CLUSTER SLOTS` of a
-    /// fragmented cluster): one that carries nothing, or a new one. Decisions pipelined behind
-    /// such a reply would wait for all of it, past their `timeout` while a new worker reads a
-    /// large table; `pick` gives them other connections meanwhile.
-    fn pick_idle(&mut self) -> Result<NonNull<Conn>, RedisError> {
+    /// A connection of its own for a command whose reply may take megabytes (`CLUSTER SLOTS`
+    /// of a fragmented cluster), closed once answered. Decisions pipelined behind such a reply
+    /// would wait for all of it, past their `timeout` while a new worker reads a large table;
+    /// `pick` never gives them this connection.
+    fn pick_private(&mut self) -> Result<NonNull<Conn>, RedisError> {
         if !self.breaker.admit() {
             return Err(RedisError::Unavailable);
         }
-        // SAFETY: every pointer in `conns` is a live connection.
-        if let Some(&c) = self.conns.iter().find(|c| unsafe { c.as_ref().unused() }) {
-            return Ok(c);
-        }
-        self.connect()
+        let c = self.connect()?;
+        // SAFETY: just made, and live.
+        unsafe { Conn::make_private(c) };
+        Ok(c)
     }
 
     fn connect(&mut self) -> Result<NonNull<Conn>, RedisError> {
@@ -353,7 +352,7 @@ impl NodePool {
         // SAFETY: every pointer in `conns` is a live connection.
         let load = |c: &NonNull<Conn>| unsafe { c.as_ref().load() };
         // SAFETY: as above.
-        let open = |c: &&NonNull<Conn>| unsafe { !c.as_ref().holds_large() };
+        let open = |c: &&NonNull<Conn>| unsafe { !c.as_ref().private() };
         // A decision joins those of this event-loop iteration that wait to be written, so that
         // one call carries them all: spread over the connections, the least loaded each time,
         // a burst went out as a small call per connection, and Redis, which runs one call at a
