@@ -1,6 +1,8 @@
 # Redis Cluster edges found in review, on one 3-primary, 3-replica cluster
 # whose slots alternate between the primaries (16,384 ranges), so that
-# CLUSTER SLOTS answers more than 2 MiB: the table is still read.  A seed
+# CLUSTER SLOTS answers more than 2 MiB: the table is still read, and a new
+# worker's first decisions, at start and after a reload, are made by Redis
+# while it reads it (issue 35; times printed).  A seed
 # written without its port (6379, where that port is free here), a MOVED
 # naming no host (cluster-preferred-endpoint-type unknown-endpoint), a
 # 5,000-byte value in a tagged multi-zone location, and ratelimit_admin on a
