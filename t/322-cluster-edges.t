@@ -144,8 +144,9 @@ sub first_decisions_of_a_new_worker {
     exact_on_every_primary($what);
     my $reads = [];
     wait_until(10 * $timeout, sub { @{ $reads = map_reads() } > $seen }, 0.1);
-    diag(sprintf "%s: first decision %.0f ms after the worker was started, table read in %s ms",
-        $what, 1000 * $first, $reads->[-1] // '?');
+    my $read = @$reads > $seen ? "$reads->[-1] ms" : 'not logged';
+    diag(sprintf "%s: first decision %.0f ms after the worker was started, table read in %s (reads logged: %s)",
+        $what, 1000 * $first, $read, "@$reads");
 }
 start_nginx(http_config => "    ratelimit_redis 127.0.0.1:$p[0] cluster=on timeout=${timeout}s;\n$http",
     config => $config);

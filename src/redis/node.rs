@@ -330,7 +330,7 @@ impl NodePool {
         if !self.breaker.admit() {
             return Err(RedisError::Unavailable);
         }
-        let c = self.connect()?;
+        let c = self.connect().inspect_err(|e| self.failed(e))?;
         // SAFETY: just made, and live.
         unsafe { Conn::make_private(c) };
         Ok(c)
