@@ -152,7 +152,10 @@ start_nginx(http_config => "    ratelimit_redis 127.0.0.1:$p[0] cluster=on timeo
     config => $config);
 first_decisions_of_a_new_worker('big-table', 0);
 my $seen = @{ map_reads() };
+my @old = nginx()->worker_pids;
 reload_nginx();
+# The old worker, which knows the table, takes no request once gone.
+ok(wait_until(10 * $timeout, sub { !grep { kill 0, $_ } @old }, 0.02), 'reloaded: the old worker is gone');
 first_decisions_of_a_new_worker('reload', $seen);
 
 # A value of 1,400 braces, tripled by escaping: the tag itself is shortened, alike in both zones.
