@@ -3,7 +3,9 @@
 //!
 //! Expects a sibling module `resp` (src/redis/resp.rs, compiled in by `#[path]`).
 
-use super::resp::{decode, ProtocolError, Reply, MAX_BULK_LEN};
+use super::resp::{
+    decode, decode_framed, Framer, ProtocolError, Reply, MAX_BULK_LEN, MAX_REPLY_LEN,
+};
 
 /// What a reader makes of a byte stream: the replies it framed (with the bytes each used) and
 /// how it stopped: `Ok(())` waiting for more bytes, `Err(e)` on a protocol error.
@@ -35,18 +37,20 @@ pub fn whole(data: &[u8]) -> Outcome {
     }
 }
 
-/// Feeds the buffer in chunks cut at `cuts` (sorted, within 0..=len), decoding after each read
-/// and dropping what was used, as `Conn::read` does on nginx's event loop.
+/// Feeds the buffer in chunks cut at `cuts` (sorted, within 0..=len), framing after each read
+/// from where the last one stopped and dropping what was used, as `Conn::read` does on nginx's
+/// event loop.
 pub fn incremental(data: &[u8], cuts: &[usize]) -> Outcome {
     let mut out = Outcome { replies: Vec::new(), end: Ok(()), consumed: 0 };
     let mut inbuf: Vec<u8> = Vec::new();
+    let mut framer = Framer::default();
     let mut from = 0;
     for &to in cuts.iter().chain(core::iter::once(&data.len())) {
         let to = to.clamp(from, data.len());
         inbuf.extend_from_slice(&data[from..to]);
         from = to;
         loop {
-            match decode(&inbuf) {
+            match decode_framed(&mut framer, &inbuf, MAX_REPLY_LEN) {
                 Ok(Some((reply, n))) => {
                     assert!(n > 0 && n <= inbuf.len());
                     out.replies.push((reply, n));

@@ -227,7 +227,7 @@ impl Cluster {
         }
     }
 
-    fn installed(&mut self, reply: Reply, asked: NodeAddr) {
+    fn installed(&mut self, reply: Reply, asked: NodeAddr, took: u64) {
         if let Reply::Error(e) = &reply {
             if !core::mem::replace(&mut self.warned, true) {
                 let msg = String::from_utf8_lossy(e);
@@ -253,7 +253,8 @@ impl Cluster {
             ngx_log_error!(
                 NGX_LOG_NOTICE,
                 log(),
-                "ratelimit: redis cluster map from \"{asked}\": {} primaries, {} slots served",
+                "ratelimit: redis cluster map from \"{asked}\": {} primaries, {} slots served, \
+                 read in {took}ms",
                 table.nodes().len(),
                 table.served()
             );
@@ -279,7 +280,9 @@ unsafe fn refreshed(owner: *mut c_void, result: Result<Reply, RedisError>) {
     let c = &mut *(owner as *mut Cluster);
     let Some((_, asked)) = c.query.take() else { return };
     if let Ok(reply) = result {
-        c.installed(reply, asked);
+        // How long decisions went by an older table, or through seeds and `MOVED`.
+        let took = c.last_query.map_or(0, |at| now().wrapping_sub(at));
+        c.installed(reply, asked, took);
     }
     // Workers (and gateways) that started together must not refresh together.
     let jitter = (ngx_pid as ngx_msec_t).wrapping_mul(7919).wrapping_add(now() as ngx_msec_t);

@@ -106,6 +106,8 @@ pub struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     inbuf: Vec<u8>,
+    /// The framing of the reply at the start of `inbuf` so far.
+    framer: resp::Framer,
     queued: VecDeque<Queued>,
     /// Decisions written, oldest first, by sequence number, with what was sent for them;
     /// `None` is a request that went away, whose reply is read and dropped.
@@ -120,12 +122,27 @@ pub struct Conn {
     /// A connection of the node's tracker (`true`: its subscriber), never used for decisions:
     /// every reply goes to the tracker, asked for or not (invalidation messages).
     dedicated: Option<(NonNull<Tracker>, bool)>,
+    /// Made for one command whose reply may take long to read (`make_private`).
+    private: bool,
 }
 
 impl Conn {
     /// Decisions this connection carries, queued or in flight.
     pub fn load(&self) -> usize {
         self.queued.len() + self.in_flight.len()
+    }
+
+    pub fn private(&self) -> bool {
+        self.private
+    }
+
+    /// Reserves a new connection for one command whose reply may take long to read: no
+    /// decision is given to it, and it closes once idle.
+    ///
+    /// # Safety
+    /// `this` is a live connection.
+    pub unsafe fn make_private(this: NonNull<Conn>) {
+        (*this.as_ptr()).private = true;
     }
 
     /// Whether decisions wait to be written in a call that has room for one more.
@@ -153,6 +170,7 @@ impl Conn {
                 out: Vec::with_capacity(READ_CHUNK),
                 out_pos: 0,
                 inbuf: Vec::with_capacity(READ_CHUNK),
+                framer: resp::Framer::default(),
                 queued: VecDeque::new(),
                 in_flight: VecDeque::new(),
                 sent: VecDeque::new(),
@@ -160,6 +178,7 @@ impl Conn {
                 setting_up: 0,
                 flush_ev: core::mem::zeroed(),
                 dedicated: None,
+                private: false,
             });
             if (*pool).reported() {
                 // nginx logs each failed connect() itself; an outage was already reported.
@@ -513,7 +532,8 @@ impl Conn {
             }
             let mut pos = 0;
             loop {
-                match resp::decode_within(&conn.inbuf[pos..], limit(conn)) {
+                let max = limit(conn);
+                match resp::decode_framed(&mut conn.framer, &conn.inbuf[pos..], max) {
                     Ok(Some((mut reply, used))) => {
                         pos += used;
                         // `MOVED 3999 :6381` means this node's host; other error replies
@@ -638,9 +658,10 @@ impl Conn {
                 return Conn::close(this, RedisError::Closed, false);
             }
             // A tracker's connection stays, to hear of changes; `keepalive_timeout=0`, as
-            // nginx's: no keepalive, a decision connection is closed as soon as idle.
+            // nginx's: no keepalive, a decision connection is closed as soon as idle. A private
+            // one has done its one job.
             let keepalive = pool.conf().keepalive_timeout;
-            if keepalive == 0 && conn.dedicated.is_none() {
+            if (keepalive == 0 && conn.dedicated.is_none()) || conn.private {
                 return Conn::close(this, RedisError::Closed, false);
             }
             // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too. The

@@ -302,8 +302,8 @@ impl NodePool {
         waiter: NonNull<Waiter>,
         cmd: Command,
     ) -> Result<Token, RedisError> {
-        let conn = self.pick()?;
-        // SAFETY: `pick` returns a live connection of this pool.
+        let conn = if cmd.max_reply > MAX_REPLY_LEN { self.pick_private()? } else { self.pick()? };
+        // SAFETY: `pick` and `pick_private` return a live connection of this pool.
         Ok(Conn::push(conn, waiter, cmd))
     }
 
@@ -317,12 +317,32 @@ impl NodePool {
         waiter: NonNull<Waiter>,
         cmd: Command,
     ) -> Result<Token, RedisError> {
+        let conn = self.connect()?;
+        // SAFETY: `connect` returns a live connection of this pool.
+        Ok(Conn::push(conn, waiter, cmd))
+    }
+
+    /// A connection of its own for a command whose reply may take megabytes (`CLUSTER SLOTS`
+    /// of a fragmented cluster), closed once answered. Decisions pipelined behind such a reply
+    /// would wait for all of it, past their `timeout` while a new worker reads a large table;
+    /// `pick` never gives them this connection.
+    fn pick_private(&mut self) -> Result<NonNull<Conn>, RedisError> {
+        if !self.breaker.admit() {
+            return Err(RedisError::Unavailable);
+        }
+        let c = self.connect().inspect_err(|e| self.failed(e))?;
+        // SAFETY: just made, and live.
+        unsafe { Conn::make_private(c) };
+        Ok(c)
+    }
+
+    fn connect(&mut self) -> Result<NonNull<Conn>, RedisError> {
         let self_ptr: *mut NodePool = self;
         self.metrics.count(Counter::Connects);
-        let conn = Conn::connect(self_ptr)?;
+        let c = Conn::connect(self_ptr)?;
         self.metrics.gauge(Gauge::Connections, 1);
-        self.conns.push(conn);
-        Ok(Conn::push(conn, waiter, cmd))
+        self.conns.push(c);
+        Ok(c)
     }
 
     fn pick(&mut self) -> Result<NonNull<Conn>, RedisError> {
@@ -331,26 +351,22 @@ impl NodePool {
         }
         // SAFETY: every pointer in `conns` is a live connection.
         let load = |c: &NonNull<Conn>| unsafe { c.as_ref().load() };
+        // SAFETY: as above.
+        let open = |c: &&NonNull<Conn>| unsafe { !c.as_ref().private() };
         // A decision joins those of this event-loop iteration that wait to be written, so that
         // one call carries them all: spread over the connections, the least loaded each time,
         // a burst went out as a small call per connection, and Redis, which runs one call at a
         // time whatever the connection, paid the fixed cost of each.
         // SAFETY: as above.
         let joining = |c: &&NonNull<Conn>| unsafe { c.as_ref().batch_open() };
-        if let Some(&c) = self.conns.iter().find(joining) {
+        if let Some(&c) = self.conns.iter().filter(open).find(joining) {
             return Ok(c);
         }
-        let least = self.conns.iter().min_by_key(|c| load(c)).copied();
+        let least = self.conns.iter().filter(open).min_by_key(|c| load(c)).copied();
         let busy = least.is_none_or(|c| load(&c) >= SPILL_AT);
-        if busy && self.conns.len() < self.conf().pool_size {
-            let self_ptr: *mut NodePool = self;
-            self.metrics.count(Counter::Connects);
-            match Conn::connect(self_ptr) {
-                Ok(c) => {
-                    self.metrics.gauge(Gauge::Connections, 1);
-                    self.conns.push(c);
-                    return Ok(c);
-                }
+        if busy && self.conns.iter().filter(open).count() < self.conf().pool_size {
+            match self.connect() {
+                Ok(c) => return Ok(c),
                 Err(e) => {
                     self.failed(&e);
                     if least.is_none() {
