@@ -4,7 +4,9 @@
 //! None of the algorithms frees a unit before the retry-after Redis reported, so until then every
 //! request of the same zone and key that costs at least as much, under the same limit and window,
 //! would be rejected by Redis too — unless the key changes in Redis meanwhile (an operator's reset,
-//! `FLUSHALL`, a new balance). So an entry is kept only while Redis tracks its key for the worker
+//! `FLUSHALL`, a new balance). An empty balance frees nothing with time at all, only such a change
+//! refills it, so its rejection holds until then. An entry is kept only while Redis tracks its key
+//! for the worker
 //! (`crate::redis::invalidation`), and forgotten when Redis says the key changed. Limit and window
 //! are compared because they can come from per-request variables. Keys are whole Redis keys, as
 //! Redis names them in its invalidations.
@@ -26,6 +28,20 @@ pub struct Denial {
     pub cost: u64,
     pub limit: u64,
     pub window_ms: u64,
+    /// The units Redis said were left: repeated as they were, never made up.
+    pub remaining: u64,
+}
+
+/// `Denial::until_ms` of an empty balance: no time refills it, only a write Redis tells of.
+pub const UNTIL_CHANGED: u64 = u64::MAX;
+
+/// A rejection answered from memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    /// Until the rejection lapses; 0 for an empty balance, which no wait refills.
+    pub left_ms: u64,
+    /// What Redis said was left when it rejected.
+    pub remaining: u64,
 }
 
 /// Marks the absent neighbour at either end of the recency list.
@@ -106,7 +122,7 @@ impl DenyCache {
         self.map.insert(key, i);
     }
 
-    /// The milliseconds left on the remembered rejection of `key` in zone `zone` if it also
+    /// The remembered rejection of `key` in zone `zone`, and the time left on it, if it also
     /// applies to a request of `cost` units under `limit` per `window_ms` at monotonic time
     /// `now_ms`. An expired entry is dropped; a hit makes the entry the most recently used.
     /// Allocates nothing once the scratch buffer has grown to the longest key.
@@ -118,7 +134,7 @@ impl DenyCache {
         limit: u64,
         window_ms: u64,
         now_ms: u64,
-    ) -> Option<u64> {
+    ) -> Option<Hit> {
         let i = self.find(zone, key)?;
         let d = self.slots[i].denial;
         if d.kept_until_ms.min(d.until_ms) <= now_ms {
@@ -130,7 +146,8 @@ impl DenyCache {
             return None;
         }
         self.touch(i);
-        Some(d.until_ms - now_ms)
+        let left_ms = if d.until_ms == UNTIL_CHANGED { 0 } else { d.until_ms - now_ms };
+        Some(Hit { left_ms, remaining: d.remaining })
     }
 
     /// Drops what is remembered of `key` in zone `zone`.
@@ -223,7 +240,7 @@ mod tests {
     use super::*;
 
     fn denial(until_ms: u64, cost: u64) -> Denial {
-        Denial { until_ms, kept_until_ms: until_ms, cost, limit: 10, window_ms: 1000 }
+        Denial { until_ms, kept_until_ms: until_ms, cost, limit: 10, window_ms: 1000, remaining: 0 }
     }
 
     /// Whether `key` in `zone` hits with the defaults of `denial` at time 0.
@@ -259,8 +276,8 @@ mod tests {
         let mut c = DenyCache::new(4);
         assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
         c.insert(0, &[b"a"], denial(500, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 100), Some(400));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 499), Some(1));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 100).map(|h| h.left_ms), Some(400));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 499).map(|h| h.left_ms), Some(1));
         assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 100), None);
         assert_eq!(c.len(), 1);
     }
@@ -285,8 +302,8 @@ mod tests {
         c.insert(0, &[b"a"], denial(500, 3));
         assert_eq!(c.check(0, &[b"a"], 2, 10, 1000, 0), None);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, &[b"a"], 3, 10, 1000, 0), Some(500));
-        assert_eq!(c.check(0, &[b"a"], 7, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 3, 10, 1000, 0).map(|h| h.left_ms), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 7, 10, 1000, 0).map(|h| h.left_ms), Some(500));
     }
 
     #[test]
@@ -298,7 +315,7 @@ mod tests {
         assert_eq!(c.check(0, &[b"a"], 1, 10, 999, 0), None);
         assert_eq!(c.check(0, &[b"a"], 1, 10, 1001, 0), None);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(500));
     }
 
     #[test]
@@ -308,11 +325,18 @@ mod tests {
         c.insert(
             0,
             &[b"a"],
-            Denial { until_ms: 300, kept_until_ms: 300, cost: 1, limit: 20, window_ms: 60 },
+            Denial {
+                until_ms: 300,
+                kept_until_ms: 300,
+                cost: 1,
+                limit: 20,
+                window_ms: 60,
+                remaining: 0,
+            },
         );
         assert_eq!(c.len(), 1);
         assert_eq!(c.check(0, &[b"a"], 5, 10, 1000, 0), None);
-        assert_eq!(c.check(0, &[b"a"], 1, 20, 60, 100), Some(200));
+        assert_eq!(c.check(0, &[b"a"], 1, 20, 60, 100).map(|h| h.left_ms), Some(200));
     }
 
     #[test]
@@ -368,11 +392,11 @@ mod tests {
         c.insert(256, &[b"a"], denial(400, 1));
         // The zone prefix has a fixed width, so moving bytes between zone and key cannot collide.
         c.insert(0, &[b""], denial(500, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), Some(100));
-        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 0), Some(200));
-        assert_eq!(c.check(1, &[b"a"], 1, 10, 1000, 0), Some(300));
-        assert_eq!(c.check(256, &[b"a"], 1, 10, 1000, 0), Some(400));
-        assert_eq!(c.check(0, &[b""], 1, 10, 1000, 0), Some(500));
+        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(100));
+        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(200));
+        assert_eq!(c.check(1, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(300));
+        assert_eq!(c.check(256, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(400));
+        assert_eq!(c.check(0, &[b""], 1, 10, 1000, 0).map(|h| h.left_ms), Some(500));
         assert_eq!(c.check(1, &[b"b"], 1, 10, 1000, 0), None);
         assert_eq!(c.check(2, &[b"a"], 1, 10, 1000, 0), None);
         assert_eq!(c.len(), 5);
@@ -402,7 +426,7 @@ mod tests {
             limit: u64,
             window_ms: u64,
             now: u64,
-        ) -> Option<u64> {
+        ) -> Option<Hit> {
             let k = full_key(zone, key);
             let pos = self.entries.iter().position(|(e, _)| *e == k)?;
             let d = self.entries[pos].1;
@@ -412,7 +436,7 @@ mod tests {
             } else if cost >= d.cost && limit == d.limit && window_ms == d.window_ms {
                 let e = self.entries.remove(pos);
                 self.entries.insert(0, e);
-                Some(d.until_ms - now)
+                Some(Hit { left_ms: d.until_ms - now, remaining: d.remaining })
             } else {
                 None
             }
@@ -440,8 +464,15 @@ mod tests {
                 let key = keys[rng(keys.len() as u64) as usize];
                 let (cost, limit, window_ms) = (1 + rng(3), 10 + rng(2), 1000 + rng(2));
                 if rng(3) == 0 {
-                    let until_ms = now + rng(300);
-                    let d = Denial { until_ms, kept_until_ms: until_ms, cost, limit, window_ms };
+                    let (until_ms, remaining) = (now + rng(300), rng(3));
+                    let d = Denial {
+                        until_ms,
+                        kept_until_ms: until_ms,
+                        cost,
+                        limit,
+                        window_ms,
+                        remaining,
+                    };
                     c.insert(zone, &[key], d);
                     m.insert(zone, key, d);
                 } else {
@@ -463,7 +494,14 @@ mod forgetting {
 
     #[test]
     fn keys_are_their_parts_and_can_be_forgotten() {
-        let d = Denial { until_ms: 500, kept_until_ms: 500, cost: 1, limit: 10, window_ms: 1000 };
+        let d = Denial {
+            until_ms: 500,
+            kept_until_ms: 500,
+            cost: 1,
+            limit: 10,
+            window_ms: 1000,
+            remaining: 0,
+        };
         let mut c = DenyCache::new(4);
         c.insert(0, &[b"rl:", b"api", b":", b"bob"], d);
         c.insert(1, &[b"rl:api:bob"], d);
@@ -480,7 +518,27 @@ mod forgetting {
         assert_eq!(c.len(), 1);
         // Kept briefly, it still reports the whole wait.
         c.insert(0, &[b"y"], Denial { kept_until_ms: 100, ..d });
-        assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 50), Some(450));
+        assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 50).map(|h| h.left_ms), Some(450));
         assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 100), None);
+    }
+
+    #[test]
+    fn an_empty_balance_holds_until_forgotten_and_repeats_what_redis_said() {
+        let d = Denial {
+            until_ms: UNTIL_CHANGED,
+            kept_until_ms: UNTIL_CHANGED,
+            cost: 2,
+            limit: 3,
+            window_ms: 1000,
+            remaining: 1,
+        };
+        let mut c = DenyCache::new(4);
+        c.insert(0, &[b"rl:credits:bob"], d);
+        let hit = Hit { left_ms: 0, remaining: 1 };
+        assert_eq!(c.check(0, &[b"rl:credits:bob"], 2, 3, 1000, 0), Some(hit));
+        assert_eq!(c.check(0, &[b"rl:credits:bob"], 2, 3, 1000, u64::MAX / 2), Some(hit));
+        // A top-up: Redis says the key changed.
+        c.forget(0, &[b"rl:credits:bob"]);
+        assert_eq!(c.check(0, &[b"rl:credits:bob"], 2, 3, 1000, 0), None);
     }
 }

@@ -8,9 +8,9 @@ use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
     ngx_http_complex_value_t, ngx_parse_url, ngx_pcalloc, ngx_str_t, ngx_uint_t, ngx_url_t,
-    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE12,
-    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
-    NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    AF_UNIX, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
@@ -25,8 +25,9 @@ use crate::lease::{LeaseConf, LeaseSize, DEFAULT_LEASE_MS};
 use crate::metrics;
 use crate::module::RateLimit;
 use crate::params::{
-    parse_cost, parse_limit, parse_msec, parse_size, parse_switch, parse_uint, parse_window,
-    shown_address, split_param, unknown_param, valid_zone_name, MAX_WINDOW_MS,
+    limit_req_hint, limit_req_rate, parse_cost, parse_limit, parse_msec, parse_size, parse_switch,
+    parse_uint, parse_window, shown_address, split_param, unknown_param, valid_zone_name,
+    MAX_LEASE_MS, MAX_WINDOW_MS,
 };
 use crate::quota::{parse_offset, Period, PeriodKind};
 use crate::redis::resp;
@@ -68,7 +69,9 @@ pub static mut COMMANDS: [ngx_command_t; 15] = [
     ),
     command(
         ngx_string!("ratelimit"),
-        LOC_CONTEXTS | NGX_CONF_TAKE12,
+        // More than one parameter is never valid, but limit_req's `burst=5 nodelay` deserves
+        // its own answer rather than nginx's "invalid number of arguments".
+        LOC_CONTEXTS | NGX_CONF_1MORE,
         cmd_ratelimit,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
@@ -158,17 +161,21 @@ fn text(s: &ngx_str_t) -> &str {
 
 /// Logs `invalid <what> "<value>" in "<directive>" directive` and fails the configuration.
 unsafe fn invalid(cf: *mut ngx_conf_t, what: &str, value: &str) -> *mut c_char {
+    invalid_because(cf, what, value, "")
+}
+
+/// [`invalid`], followed by `hint`: what to write instead.
+unsafe fn invalid_because(cf: *mut ngx_conf_t, what: &str, value: &str, hint: &str) -> *mut c_char {
     let directive = text(&args(cf)[0]);
     ngx_conf_log_error!(
         NGX_LOG_EMERG,
         cf,
-        "invalid {what} \"{value}\" in \"{directive}\" directive"
+        "invalid {what} \"{value}\" in \"{directive}\" directive{hint}"
     );
     NGX_CONF_ERROR as _
 }
 
-/// The parameter names of `ratelimit_redis` (TLS aside), `ratelimit_zone` and `ratelimit`, for
-/// naming a lone word in errors.
+/// The parameter names of `ratelimit_redis` (TLS aside), for naming a lone word in errors.
 const REDIS_PARAMS: [&str; 14] = [
     "pool_size",
     "timeout",
@@ -185,43 +192,31 @@ const REDIS_PARAMS: [&str; 14] = [
     "sentinel_user",
     "sentinel_password",
 ];
-const ZONE_PARAMS: [&str; 14] = [
-    "key",
-    "limit",
-    "window",
-    "algorithm",
-    "period",
-    "utc_offset",
-    "missing",
-    "status",
-    "burst",
-    "clock",
-    "exact_key",
-    "member",
-    "lease",
-    "lease_time",
-];
-const RATELIMIT_PARAMS: [&str; 1] = ["cost"];
-
-fn is_param_name(directive: &str, word: &str) -> bool {
-    match directive {
-        "ratelimit_redis" => {
-            word == "ssl" || REDIS_PARAMS.contains(&word) || TLS_PARAM_NAMES.contains(&word)
-        }
-        "ratelimit_zone" => ZONE_PARAMS.contains(&word),
-        _ => RATELIMIT_PARAMS.contains(&word),
-    }
+fn is_redis_param(word: &str) -> bool {
+    word == "ssl" || REDIS_PARAMS.contains(&word) || TLS_PARAM_NAMES.contains(&word)
 }
 
-/// Logs `invalid parameter <name or position> in "<directive>" directive`, never the value: see
-/// [`unknown_param`]. `position` counts the directive's arguments from 1.
+/// Logs `invalid parameter <arg> in "<directive>" directive`, with what to write instead when
+/// it is a `limit_req` habit. `ratelimit_redis` takes secrets, so there the parameter is named
+/// without its value ([`unknown_param`]); `position` counts the directive's arguments from 1.
 unsafe fn unknown(cf: *mut ngx_conf_t, arg: &str, position: usize) -> *mut c_char {
     let directive = text(&args(cf)[0]);
-    let shown = unknown_param(arg, position, |w| is_param_name(directive, w));
+    let shown = match directive {
+        "ratelimit_redis" => unknown_param(arg, position, is_redis_param),
+        _ if split_param(arg).is_some() => format!("\"{arg}\""),
+        _ => format!("\"{arg}\" (not name=value)"),
+    };
+    let hint = match limit_req_hint(directive, arg) {
+        Some(hint) => hint,
+        None if directive == "ratelimit_zone" && Algorithm::parse(arg).is_some() => {
+            format!(": write \"algorithm={arg}\"")
+        }
+        None => String::new(),
+    };
     ngx_conf_log_error!(
         NGX_LOG_EMERG,
         cf,
-        "invalid parameter {shown} in \"{directive}\" directive"
+        "invalid parameter {shown} in \"{directive}\" directive{hint}"
     );
     NGX_CONF_ERROR as _
 }
@@ -239,7 +234,7 @@ unsafe extern "C" fn cmd_redis(
     // Addresses first (seeds of a Cluster, sentinels), then `name=value` parameters.
     let addrs = args[1..].iter().take_while(|a| split_param(text(a)).is_none()).count();
     if addrs == 0 {
-        let shown = unknown_param(text(&args[1]), 1, |w| is_param_name("ratelimit_redis", w));
+        let shown = unknown_param(text(&args[1]), 1, is_redis_param);
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,
@@ -284,7 +279,7 @@ unsafe extern "C" fn cmd_redis(
         let Some((name, value)) = split_param(s) else { return unknown(cf, s, i) };
         match sentinel.parse(name, value) {
             Some(Ok(Some(()))) => continue,
-            Some(Ok(None)) => return invalid(cf, "value", s),
+            Some(Ok(None)) => return invalid_because(cf, "value", s, redis_range(name)),
             Some(Err(())) => return invalid(cf, "empty parameter", name),
             None => {}
         }
@@ -323,7 +318,7 @@ unsafe extern "C" fn cmd_redis(
             },
         };
         if ok.is_none() {
-            return invalid(cf, "value", s);
+            return invalid_because(cf, "value", s, redis_range(name));
         }
     }
     match (user, password) {
@@ -353,6 +348,19 @@ unsafe extern "C" fn cmd_redis(
     redis.connect_timeout = connect_timeout.unwrap_or(redis.timeout).min(redis.timeout);
     mcf.redis = Some(redis);
     NGX_CONF_OK
+}
+
+/// The range of a number parameter of `ratelimit_redis`, for its error.
+fn redis_range(name: &str) -> &'static str {
+    match name {
+        "db" => {
+            ", it must be 0..65535 (Redis itself has 16 databases, 0..15, unless its \
+             \"databases\" says more)"
+        }
+        "pool_size" => ", it must be 1..4096",
+        "fail_threshold" => ", it must be 1..1000000",
+        _ => "",
+    }
 }
 
 /// What is wrong with the addresses and the mode asked, if anything.
@@ -435,6 +443,18 @@ impl<'a> SentinelParams<'a> {
 
 /// One address of `ratelimit_redis`, resolved now: the worker never waits for DNS.
 unsafe fn parse_address(cf: *mut ngx_conf_t, arg: &ngx_str_t) -> Option<SeedAddr> {
+    let written = text(arg);
+    if written.contains('@') && !written.starts_with("unix:") {
+        // `user:password@host:port`, as in a Redis URL: nginx would blame the port.
+        let addr = shown_address(written);
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "credentials in the address \"{addr}\" of the \"ratelimit_redis\" directive: \
+             write the address alone, and the credentials as \"user=\" and \"password=\""
+        );
+        return None;
+    }
     let mut url: ngx_url_t = core::mem::zeroed();
     url.url = *arg;
     url.default_port = 6379;
@@ -485,7 +505,7 @@ unsafe extern "C" fn cmd_zone(
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
     let mut member = None;
-    let (mut lease, mut lease_time) = (None, None);
+    let (mut lease, mut lease_time, mut lease_time_text) = (None, None, "");
     for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return unknown(cf, s, i) };
@@ -533,12 +553,29 @@ unsafe extern "C" fn cmd_zone(
                 _ => parse_limit(value).map(|n| Some(LeaseSize::Fixed(n))),
             }
             .map(|l| lease = Some(l)),
-            "lease_time" => parse_msec(value).filter(|&t| t > 0).map(|t| lease_time = Some(t)),
+            "lease_time" => parse_msec(value).filter(|&t| t > 0).map(|t| {
+                lease_time = Some(t);
+                lease_time_text = s;
+            }),
             _ => return unknown(cf, s, i),
         };
         if ok.is_none() {
-            return invalid(cf, "value", s);
+            let hint = match limit_req_rate(value).filter(|_| param == "limit") {
+                Some((n, w)) => format!(": limit= is a count, write \"limit={n} window={w}\""),
+                None => String::new(),
+            };
+            return invalid_because(cf, "value", s, &hint);
         }
+    }
+    if lease_time.is_some_and(|t| t > MAX_LEASE_MS) {
+        return zone_error(
+            cf,
+            name,
+            &format!(
+                "\"{lease_time_text}\" is too long, 1h at most: a worker that dies holding \
+                 units or slots keeps them from everyone for that long"
+            ),
+        );
     }
     // A calendar period or a balance stands for the window.
     let algorithm = match (algorithm, period) {
@@ -551,6 +588,11 @@ unsafe extern "C" fn cmd_zone(
                  as long as its request runs",
                 ),
                 (period.is_some(), "\"period=\" is not for algorithm=concurrency"),
+                (
+                    burst.is_some(),
+                    "\"burst=\" is not for algorithm=concurrency: \"limit=\" is how many \
+                 requests may run at once",
+                ),
                 (
                     lease.is_some(),
                     "\"lease=\" is not for algorithm=concurrency: each slot is a \
@@ -608,13 +650,17 @@ unsafe extern "C" fn cmd_zone(
     if missing.is_some() && algorithm != Algorithm::Balance {
         return zone_error(cf, name, "\"missing=\" needs \"algorithm=balance\"");
     }
+    let absent = match (key.is_some(), limit.is_some(), window.is_some()) {
+        (false, ..) => "key=, the value each client is counted under (key=$binary_remote_addr)",
+        (_, false, _) => "limit=, how many requests it admits (limit=10 window=1s)",
+        (.., false) => {
+            "window=, the rolling window of limit= (window=1s); or period=hour|day|week|month \
+             for a calendar quota, or algorithm=balance|concurrency, which have no window"
+        }
+        _ => "",
+    };
     let (Some(key), Some(limit), Some(window)) = (key, limit, window) else {
-        ngx_conf_log_error!(
-            NGX_LOG_EMERG,
-            cf,
-            "\"ratelimit_zone\" directive \"{name}\" needs key=, limit= and window="
-        );
-        return NGX_CONF_ERROR as _;
+        return zone_error(cf, name, &format!("needs {absent}"));
     };
     if burst.is_some() && algorithm != Algorithm::Gcra {
         ngx_conf_log_error!(
@@ -644,6 +690,35 @@ unsafe extern "C" fn cmd_zone(
             name,
             "\"lease=\" cannot reserve with \"member=request_id\": a reserved unit has no request",
         );
+    }
+    if let (Param::Fixed(n), Algorithm::Concurrency) = (limit, algorithm) {
+        let max = algorithm.max_limit();
+        if n > max {
+            return zone_error(
+                cf,
+                name,
+                &format!(
+                    "\"limit={n}\" is more than algorithm=concurrency holds, {max} requests \
+                     in flight per key"
+                ),
+            );
+        }
+    }
+    // A default lease_time is shortened to fit a short window; one written out must fit it.
+    if let (Some(t), Param::Fixed(w)) = (lease_time.filter(|_| lease.is_some()), window) {
+        let rolling = !matches!(algorithm, Algorithm::CalendarQuota | Algorithm::Balance);
+        if rolling && t > w / 4 {
+            return zone_error(
+                cf,
+                name,
+                &format!(
+                    "\"{lease_time_text}\" is more than a quarter of the window ({w}ms): \
+                     reserved units would hold it for most of its length, write \
+                     lease_time={}ms or less",
+                    w / 4
+                ),
+            );
+        }
     }
     if let Param::Fixed(n) = limit {
         if n > algorithm.max_limit() {
@@ -793,6 +868,15 @@ unsafe extern "C" fn cmd_ratelimit(
     let lcf = &mut *(conf as *mut LocConf);
     let args = args(cf);
     let name = text(&args[1]);
+    if let Some(("zone", zone)) = split_param(name) {
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "invalid zone \"{name}\" in \"ratelimit\" directive: the zone is named bare, \
+             write \"ratelimit {zone};\""
+        );
+        return NGX_CONF_ERROR as _;
+    }
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     // `off` stands alone at its level, and each zone is named once, as with limit_req.
     if lcf.limits_off || (name == "off" && !limits.is_empty()) {
@@ -808,18 +892,20 @@ unsafe extern "C" fn cmd_ratelimit(
     if limits.iter().any(|l| l.name == name) {
         return IS_DUPLICATE;
     }
-    let mut cost = Param::Fixed(1);
-    if let Some(arg) = args.get(2) {
+    let mut cost = None;
+    for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
         let parsed = match split_param(s) {
-            Some(("cost", _)) => number_or_variable(cf, arg, "cost", parse_cost),
-            _ => return unknown(cf, s, 2),
+            Some(("cost", _)) if cost.is_none() => number_or_variable(cf, arg, "cost", parse_cost),
+            Some(("cost", _)) => return invalid(cf, "duplicate parameter", s),
+            _ => return unknown(cf, s, i),
         };
         match parsed {
-            Some(p) => cost = p,
+            Some(p) => cost = Some(p),
             None => return invalid(cf, "value", s),
         }
     }
+    let cost = cost.unwrap_or(Param::Fixed(1));
     let file = &(*(*cf).conf_file).file;
     limits.push(LimitRef {
         name: name.to_owned(),

@@ -17,7 +17,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 
 use crate::conf::{Clock, FailPolicy, KeyPiece, LocConf, MainConf, Param, RedisConf, Zone};
-use crate::deny_cache::{Denial, DenyCache};
+use crate::deny_cache::{Denial, DenyCache, UNTIL_CHANGED};
 use crate::giveback;
 use crate::headers::{self, Policy, Quota};
 use crate::key::{cluster_value, shorten, Key, Piece};
@@ -368,9 +368,9 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let (now, entries) = (ngx_current_msec as u64, cache.len());
     for (i, z) in ctx.zones.iter().enumerate() {
         let Some(key) = z.cached_key() else { continue };
-        if let Some(left) = cache.check(z.zone, &key, z.cost, z.limit, z.window_ms, now) {
-            if ctx.quota.is_none_or(|(_, _, longest)| left > longest) {
-                ctx.quota = Some((i, 0, left));
+        if let Some(hit) = cache.check(z.zone, &key, z.cost, z.limit, z.window_ms, now) {
+            if ctx.quota.is_none_or(|(_, _, longest)| hit.left_ms > longest) {
+                ctx.quota = Some((i, hit.remaining, hit.left_ms));
             }
         }
     }
@@ -530,15 +530,18 @@ fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
     let entries = cache.len();
     for (z, v) in ctx.zones.iter().zip(&d.zones) {
         if let Some(key) = z.cached_key().filter(|_| !v.ok) {
-            let until_ms = ctx.started as u64 + v.reset_ms;
+            let until_ms = match mcf.zones[z.zone].algorithm {
+                Algorithm::Balance => UNTIL_CHANGED,
+                _ => ctx.started as u64 + v.reset_ms,
+            };
             // Not tracked yet (the tracker is connecting) or not at all (refused): a change
             // would go unheard, so it is answered from memory briefly only.
             let kept_until_ms = match pool.track(&key) {
                 true => until_ms,
                 false => ctx.started as u64 + UNTRACKED_DENIAL_MS,
             };
-            let (cost, limit, window_ms) = (z.cost, z.limit, z.window_ms);
-            let denial = Denial { until_ms, kept_until_ms, cost, limit, window_ms };
+            let (cost, limit, window_ms, remaining) = (z.cost, z.limit, z.window_ms, v.remaining);
+            let denial = Denial { until_ms, kept_until_ms, cost, limit, window_ms, remaining };
             cache.insert(z.zone, &key, denial);
         }
     }
@@ -992,13 +995,26 @@ unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
         // A rejection from memory repeats one already logged; local ones are the outage's.
         if decided_by_redis {
             let dry_run = if rejected { "" } else { ", dry run," };
-            let per = if concurrency { "in flight".into() } else { format!("per {window_ms}ms") };
-            ngx_log_error!(
-                lcf.log_level(),
-                (*(*r).connection).log,
-                "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} {per}, \
-                 retry in {reset_ms}ms"
-            );
+            let log = (*(*r).connection).log;
+            if mcf.zones[z.zone].algorithm == Algorithm::Balance {
+                // No window and no wait: what is left against what was asked is the story.
+                let cost = z.cost;
+                ngx_log_error!(
+                    lcf.log_level(),
+                    log,
+                    "ratelimit: limiting requests{dry_run} by zone \"{name}\", balance \
+                     {remaining} of {limit} left, cost {cost}"
+                );
+            } else {
+                let per =
+                    if concurrency { "in flight".into() } else { format!("per {window_ms}ms") };
+                ngx_log_error!(
+                    lcf.log_level(),
+                    log,
+                    "ratelimit: limiting requests{dry_run} by zone \"{name}\", limit {limit} \
+                     {per}, retry in {reset_ms}ms"
+                );
+            }
         }
     }
     match ctx.status {

@@ -1,7 +1,9 @@
 //! `ratelimit_fail local`: while Redis cannot decide, each worker enforces every zone by itself
 //! at its share of the limit, with a sliding-window counter per key (two fixed windows, the
 //! previous one weighted by how much of it the rolling window still covers). Approximate and
-//! per worker by design; bounded in memory. Pure, so the arithmetic has unit tests.
+//! per worker by design; bounded in memory. A window after a key's last admission nothing of it
+//! counts, as in any rolling window, so no rejection lasts longer than the window, as none
+//! through Redis does. Pure, so the arithmetic has unit tests.
 
 use std::collections::HashMap;
 
@@ -24,23 +26,29 @@ struct Counter {
     window: u64,
     /// The window length it was last written with: liveness is per zone.
     window_ms: u64,
-    cur: u64,
-    prev: u64,
+    /// Counts of at most a limit (10^9), so that `last_ms` costs the entry no byte.
+    cur: u32,
+    prev: u32,
+    /// When the last unit was taken: every unit counted was taken by then.
+    last_ms: u64,
 }
 
 impl Counter {
-    /// The counts as seen from window `idx`.
-    fn at(self, idx: u64) -> (u64, u64) {
+    /// The counts as seen at `now_ms` in window `idx` of `window_ms`.
+    fn at(self, idx: u64, window_ms: u64, now_ms: u64) -> (u64, u64) {
+        if now_ms >= self.last_ms + window_ms {
+            return (0, 0);
+        }
         match idx.checked_sub(self.window) {
-            Some(0) => (self.cur, self.prev),
-            Some(1) => (0, self.cur),
+            Some(0) => (self.cur.into(), self.prev.into()),
+            Some(1) => (0, self.cur.into()),
             _ => (0, 0),
         }
     }
 
     /// Whether the counter still weighs on a decision at `now_ms`.
     fn live(self, now_ms: u64) -> bool {
-        self.window + 1 >= now_ms / self.window_ms
+        self.window + 1 >= now_ms / self.window_ms && now_ms < self.last_ms + self.window_ms
     }
 }
 
@@ -101,8 +109,11 @@ impl LocalLimiter {
                 if z.cost > 0 {
                     let idx = now_ms / z.window_ms;
                     let c = self.counters.entry(*i).or_default();
-                    let (cur, prev) = c.at(idx);
-                    *c = Counter { window: idx, window_ms: z.window_ms, cur: cur + z.cost, prev };
+                    let (cur, prev) = c.at(idx, z.window_ms, now_ms);
+                    // Admitted, so cur + cost is at most the limit, and so is prev.
+                    let (cur, prev) = ((cur + z.cost) as u32, prev as u32);
+                    *c =
+                        Counter { window: idx, window_ms: z.window_ms, cur, prev, last_ms: now_ms };
                 }
                 v.remaining -= z.cost;
                 v.reset_ms = self.next_unit_ms(z, i, v.remaining, now_ms);
@@ -137,7 +148,8 @@ impl LocalLimiter {
 
     fn check(&self, z: &LocalZone<'_>, id: &Id, now_ms: u64) -> ZoneVerdict {
         let (w, idx, elapsed) = (z.window_ms, now_ms / z.window_ms, now_ms % z.window_ms);
-        let (cur, prev) = self.counters.get(id).map_or((0, 0), |c| c.at(idx));
+        let counter = self.counters.get(id);
+        let (cur, prev) = counter.map_or((0, 0), |c| c.at(idx, w, now_ms));
         // Scaled by the window so that the weighting stays in integers.
         let used = prev as u128 * (w - elapsed) as u128 + cur as u128 * w as u128;
         let room = (z.limit as u128 * w as u128).saturating_sub(used);
@@ -156,6 +168,8 @@ impl LocalLimiter {
             let e = w as u128 - (target / cur.max(1) as u128).min(w as u128);
             w - elapsed + e as u64
         };
+        // A window after the last unit was taken, none of them counts (`Counter::at`).
+        let retry_ms = counter.map_or(retry_ms, |c| retry_ms.min(c.last_ms + w - now_ms));
         ZoneVerdict { ok: false, remaining, reset_ms: retry_ms, grant: Grant::default() }
     }
 }
@@ -181,7 +195,8 @@ mod tests {
         // Each admission's reset: when one more unit than its remaining frees. 3 - left in
         // window 0; in window 1 they weigh (3 - left) * (1000 - e) / 1000 <= 2 - left once
         // e >= 334 (left 0), 500 (left 1), 1000 (left 2: the next window's end).
-        for (left, reset_ms) in [(2, 900 + 1000), (1, 900 + 500), (0, 900 + 334)] {
+        // Yet a window after the last admission, at 1100, none counts: no reset is later.
+        for (left, reset_ms) in [(2, 1000), (1, 1000), (0, 1000)] {
             let d = l.d(&z, 100);
             assert!(d.allowed);
             assert_eq!(
@@ -192,11 +207,28 @@ mod tests {
         let v = l.d(&z, 200).zones[0];
         assert!(!v.ok);
         // The rejection agrees with the last admission's reset, 100 ms later.
-        assert_eq!(v.reset_ms, 800 + 334);
-        assert!(!l.d(&z, 1333).zones[0].ok);
-        assert!(l.d(&z, 1334).zones[0].ok);
+        assert_eq!(v.reset_ms, 900);
+        assert!(!l.d(&z, 1099).zones[0].ok);
+        assert!(l.d(&z, 1100).zones[0].ok);
         // Another key is untouched.
         assert!(l.d(&[zone(b"b", 3)], 1334).zones[0].ok);
+    }
+
+    #[test]
+    fn never_announces_more_than_the_window() {
+        // limit 3 per minute, taken 14 s into a window: the counter alone would weigh them
+        // until 20 s into the next one (66 s away); a minute after the last, none counts.
+        let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
+        let z = [LocalZone { window_ms: 60_000, ..zone(b"a", 3) }];
+        for _ in 0..3 {
+            let v = l.d(&z, 14_000).zones[0];
+            assert!(v.ok && v.reset_ms <= 60_000, "{v:?}");
+        }
+        let v = l.d(&z, 20_000).zones[0];
+        assert!(!v.ok);
+        assert_eq!(v.reset_ms, 54_000);
+        assert!(!l.d(&z, 73_999).zones[0].ok);
+        assert!(l.d(&z, 74_000).zones[0].ok);
     }
 
     #[test]

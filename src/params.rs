@@ -106,6 +106,48 @@ pub fn unknown_param(arg: &str, position: usize, is_name: impl Fn(&str) -> bool)
     }
 }
 
+/// The longest `lease_time=`: a worker that dies holding a reservation or a concurrency slot
+/// keeps its units from everyone else for that long, so a typo such as `1000y` would hold them
+/// for good.
+pub const MAX_LEASE_MS: u64 = 3_600_000;
+
+/// What an operator used to `limit_req` meant by a parameter this module does not take, and
+/// what to write instead: the text that follows the error, or `None`.
+pub fn limit_req_hint(directive: &str, arg: &str) -> Option<String> {
+    let (name, value) = split_param(arg).unwrap_or((arg, ""));
+    match (directive, name) {
+        ("ratelimit", "burst") => Some(format!(
+            ": a burst belongs to the zone, write \"ratelimit_zone ... algorithm=gcra \
+             burst={value}\" and \"ratelimit NAME;\""
+        )),
+        ("ratelimit", "nodelay" | "delay") => Some(
+            ": a request is never delayed, it is admitted or rejected at once (limit_req's \
+             nodelay): remove it"
+                .into(),
+        ),
+        ("ratelimit_zone", "rate") => Some(match limit_req_rate(value) {
+            Some((n, window)) => format!(": write \"limit={n} window={window}\""),
+            None => ": write \"limit=N window=T\" (N requests per T)".into(),
+        }),
+        ("ratelimit_zone", "zone") => Some(
+            ": the zone's name is the first argument (\"ratelimit_zone NAME key=...\"), and \
+             it takes no memory size: the counters live in Redis"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
+/// limit_req's `rate=` (`10r/s`, `600r/m`) as `limit=` and `window=`.
+pub fn limit_req_rate(value: &str) -> Option<(u64, &'static str)> {
+    let (n, window) = if let Some(n) = value.strip_suffix("r/s") {
+        (n, "1s")
+    } else {
+        (value.strip_suffix("r/m")?, "1m")
+    };
+    Some((parse_limit(n)?, window))
+}
+
 /// An address of `ratelimit_redis` as an error names it: without the `user:password@` that a
 /// Redis URL may carry.
 pub fn shown_address(addr: &str) -> String {
@@ -210,6 +252,22 @@ mod tests {
         for word in ["S3cretPW", "=S3cretPW", "password2"] {
             assert_eq!(shown(word, 4), "#4 (not name=value, not shown)");
         }
+    }
+
+    #[test]
+    fn limit_req_habits_say_what_to_write() {
+        let hint = |d, a| limit_req_hint(d, a).unwrap_or_default();
+        assert!(hint("ratelimit", "burst=5").contains("algorithm=gcra burst=5"));
+        assert!(hint("ratelimit", "nodelay").contains("remove it"));
+        assert!(hint("ratelimit", "delay=3").contains("never delayed"));
+        assert!(hint("ratelimit_zone", "rate=10r/s").contains("\"limit=10 window=1s\""));
+        assert!(hint("ratelimit_zone", "rate=600r/m").contains("\"limit=600 window=1m\""));
+        assert!(hint("ratelimit_zone", "rate=fast").contains("limit=N window=T"));
+        assert!(hint("ratelimit_zone", "zone=one:10m").contains("first argument"));
+        assert_eq!(limit_req_hint("ratelimit_zone", "foo=1"), None);
+        assert_eq!(limit_req_hint("ratelimit_redis", "burst=1"), None);
+        assert_eq!(limit_req_rate("0r/s"), None);
+        assert_eq!(limit_req_rate("10r/h"), None);
     }
 
     #[test]

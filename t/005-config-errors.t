@@ -20,19 +20,25 @@
 #                     misspelt password or sentinel password, a password cut
 #                     by a space, a URL with a password (none of them echoes
 #                     the secret: unknown parameters are named without their
-#                     value, lone words by position); pool_size=0/abc/5000;
+#                     value, lone words by position), user:password@host:port
+#                     (says user= and password=); db=70000 (the range); pool_size=0/abc/5000;
 #                     timeout=abc/0/-1s; connect_timeout=0; keepalive_timeout=abc;
 #                     fail_threshold=0; fail_backoff=abc; empty password= or
 #                     user= (and the other secret is not echoed); user=
 #                     without password=; twice; in server{}; no argument
 #   ratelimit_zone    bad name (a/b, 65 characters); same name twice; unknown
-#                     parameter; parameter without "="; no key/limit/window;
+#                     parameter (shown: a zone has no secret); a lone algorithm
+#                     name; no key/limit/window (each named); limit_req's rate=,
+#                     zone=one:10m and limit=10r/s (each says what to write);
+#                     lease_time= above a quarter of the window, or above 1h;
 #                     limit=0/-1/abc/1000000001/10r/s; window=0/abc/2y/-1s;
 #                     clock=foo; algorithm=foo; burst=0/abc; burst= on a
 #                     sliding_log (default) and a sliding_counter zone; in
 #                     server{}
 #   ratelimit         unknown zone (server and location); without
-#                     ratelimit_redis; cost=abc/-1/1.5; foo=1; off with a
+#                     ratelimit_redis; cost=abc/-1/1.5; foo=1; limit_req's
+#                     zone=, burst=, burst=5 nodelay, nodelay; cost= twice;
+#                     no argument; off with a
 #                     parameter; the same zone twice at one level; off then a
 #                     zone, a zone then off, at one level; three arguments
 #   ratelimit_fail    foo; twice
@@ -42,7 +48,8 @@
 #   ratelimit_zone exact_key=yes; member=foo; member=request_id with gcra; lease=some,
 #   lease_time=0, lease_time= alone, lease= with member=request_id
 #   ratelimit_zone algorithm=concurrency with window=, lease=, period=, burst=,
-#                     member=, lease_time=500ms (below 1s) or abc, limit=100001,
+#                     member=, lease_time=500ms (below 1s), 1000y or abc,
+#                     limit=100001 (not sent to the rate algorithms),
 #                     lease_time=2s with timeout=1s; a concurrency zone used with cost=2
 #   ratelimit_dry_run foo; twice
 #   ratelimit_metrics_zone 8k; twice; ratelimit_metrics with an argument, without the zone
@@ -92,6 +99,12 @@ my @rows = (
     ['ratelimit_redis: a Redis URL with a password (never echoed)',
         "ratelimit_redis redis://lim:S3cretPW\@127.0.0.1:6379; #<-\n$Z", '',
         'ratelimit_redis', qr/"\.\.\.\@127\.0\.0\.1:6379"/, qr/S3cret/],
+    ['ratelimit_redis: user:password\@host:port (says where credentials go, never echoed)',
+        "ratelimit_redis lim:S3cretPW\@127.0.0.1:6379; #<-\n$Z", '',
+        'ratelimit_redis', qr/credentials in the address "\.\.\.\@127\.0\.0\.1:6379".*"user=" and "password="/, qr/S3cret/],
+    ['ratelimit_redis: db=70000 (the range given)',
+        "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT db=70000; #<-\n$Z", '',
+        'ratelimit_redis', qr/"db=70000".*must be 0\.\.65535/],
     ['ratelimit_redis: pool_size=0',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT pool_size=0; #<-\n$Z", '',
         'ratelimit_redis', qr/"pool_size=0"/],
@@ -147,17 +160,28 @@ my @rows = (
     ['ratelimit_zone: same name twice',
         "$R\n$Z\nratelimit_zone api key=\$arg_x limit=5 window=1m; #<-", '',
         'ratelimit_zone', qr/duplicate zone "api"/],
-    ['ratelimit_zone: unknown parameter (named, its value not shown)',
-        zone('limit=2 window=10s foo=S3cret'), '',
-        'ratelimit_zone', qr/"foo=" \(value not shown\)/, qr/S3cret/],
-    ['ratelimit_zone: parameter without =', zone('limit=2 window=10s gcra'), '',
-        'ratelimit_zone', qr/#5 \(not name=value, not shown\)/, qr/gcra/],
+    ['ratelimit_zone: unknown parameter (no secret: shown)',
+        zone('limit=2 window=10s foo=bar'), '',
+        'ratelimit_zone', qr/invalid parameter "foo=bar"/],
+    ['ratelimit_zone: an algorithm without algorithm=', zone('limit=2 window=10s gcra'), '',
+        'ratelimit_zone', qr/"gcra" \(not name=value\).*write "algorithm=gcra"/],
     ['ratelimit_zone: no key', "$R\nratelimit_zone api limit=2 window=10s; #<-", '',
-        'ratelimit_zone', qr/"api".*key=/],
+        'ratelimit_zone', qr/"api": needs key=/],
     ['ratelimit_zone: no limit', zone('window=10s'), '',
-        'ratelimit_zone', qr/"api".*limit=/],
-    ['ratelimit_zone: no window', zone('limit=2'), '',
-        'ratelimit_zone', qr/"api".*window=/],
+        'ratelimit_zone', qr/"api": needs limit=/],
+    ['ratelimit_zone: no window (period= and the windowless algorithms named)', zone('limit=2'), '',
+        'ratelimit_zone', qr/"api": needs window=.*period=hour\|day\|week\|month.*algorithm=balance\|concurrency/],
+    ['ratelimit_zone: limit_req\'s rate=10r/s', zone('rate=10r/s'), '',
+        'ratelimit_zone', qr{invalid parameter "rate=10r/s".*write "limit=10 window=1s"}],
+    ['ratelimit_zone: limit_req\'s rate=30r/m', zone('rate=30r/m'), '',
+        'ratelimit_zone', qr{"rate=30r/m".*write "limit=30 window=1m"}],
+    ['ratelimit_zone: limit_req_zone\'s zone=name:10m', zone('zone=one:10m limit=2 window=1s'), '',
+        'ratelimit_zone', qr{"zone=one:10m".*first argument}],
+    ['ratelimit_zone: lease_time= above a quarter of the window',
+        zone('limit=100 window=4s lease=auto lease_time=5s'), '',
+        'ratelimit_zone', qr/"lease_time=5s" is more than a quarter of the window \(4000ms\).*lease_time=1000ms or less/],
+    ['ratelimit_zone: lease_time= beyond 1h', zone('limit=100 window=1d lease=auto lease_time=2h'), '',
+        'ratelimit_zone', qr/"lease_time=2h" is too long, 1h at most/],
     ['ratelimit_zone: limit=0', zone('limit=0 window=10s'), '',
         'ratelimit_zone', qr/"limit=0"/],
     ['ratelimit_zone: limit=-1', zone('limit=-1 window=10s'), '',
@@ -172,7 +196,7 @@ my @rows = (
         zone('limit=10001 window=10s algorithm=sliding_log_packed'), '',
         'ratelimit_zone', qr/limit=10001 .*keeps exactly \(10000/],
     ['ratelimit_zone: limit=10r/s (limit_req syntax)', zone('limit=10r/s window=10s'), '',
-        'ratelimit_zone', qr{"limit=10r/s"}],
+        'ratelimit_zone', qr{"limit=10r/s".*write "limit=10 window=1s"}],
     ['ratelimit_zone: window=0', zone('limit=2 window=0'), '',
         'ratelimit_zone', qr/"window=0"/],
     ['ratelimit_zone: window=abc', zone('limit=2 window=abc'), '',
@@ -210,10 +234,20 @@ my @rows = (
         'ratelimit', qr/"cost=-1"/],
     ['ratelimit: cost=1.5', "$R\n$Z", "ratelimit api cost=1.5; #<-",
         'ratelimit', qr/"cost=1\.5"/],
-    ['ratelimit: unknown parameter', "$R\n$Z", "ratelimit api foo=S3cret; #<-",
-        'ratelimit', qr/"foo=" \(value not shown\)/, qr/S3cret/],
+    ['ratelimit: unknown parameter (no secret: shown)', "$R\n$Z", "ratelimit api foo=bar; #<-",
+        'ratelimit', qr/invalid parameter "foo=bar"/],
+    ['ratelimit: limit_req\'s zone=', "$R\n$Z", "ratelimit zone=api; #<-",
+        'ratelimit', qr/"zone=api".*named bare, write "ratelimit api;"/],
+    ['ratelimit: limit_req\'s burst=', "$R\n$Z", "ratelimit api burst=5; #<-",
+        'ratelimit', qr/"burst=5".*ratelimit_zone \.\.\. algorithm=gcra burst=5/],
+    ['ratelimit: limit_req\'s burst=5 nodelay', "$R\n$Z", "ratelimit api burst=5 nodelay; #<-",
+        'ratelimit', qr/"burst=5".*algorithm=gcra burst=5/],
+    ['ratelimit: limit_req\'s nodelay', "$R\n$Z", "ratelimit api nodelay; #<-",
+        'ratelimit', qr/"nodelay".*never delayed.*remove it/],
+    ['ratelimit: cost= twice', "$R\n$Z", "ratelimit api cost=1 cost=2; #<-",
+        'ratelimit', qr/duplicate parameter "cost=2"/],
     ['ratelimit: off with a parameter', "$R\n$Z", "ratelimit off cost=1; #<-",
-        'ratelimit', qr/"cost="/],
+        'ratelimit', qr/"cost=1"/],
     ['ratelimit: same zone twice at one level', "$R\n$Z", "ratelimit api;\nratelimit api; #<-",
         'ratelimit', qr/is duplicate/],
     ['ratelimit: off, then a zone, at one level', "$R\n$Z", "ratelimit off;\nratelimit api; #<-",
@@ -221,6 +255,8 @@ my @rows = (
     ['ratelimit: a zone, then off, at one level', "$R\n$Z", "ratelimit api;\nratelimit off; #<-",
         'ratelimit', qr/is duplicate/],
     ['ratelimit: three arguments', "$R\n$Z", "ratelimit api cost=1 x; #<-",
+        'ratelimit', qr/invalid parameter "x" \(not name=value\)/],
+    ['ratelimit: no argument', "$R\n$Z", "ratelimit; #<-",
         'ratelimit', qr/invalid number of arguments/],
 
     # --- the location-level keyword and number directives
@@ -285,11 +321,13 @@ my @rows = (
     ['concurrency: lease_time=abc', zone('limit=5 algorithm=concurrency lease_time=abc'), '',
         'ratelimit_zone', qr/"lease_time=abc"/],
     ['concurrency: burst=', zone('limit=5 algorithm=concurrency burst=3'), '',
-        'ratelimit_zone', qr/"burst=" .* needs algorithm=gcra/],
+        'ratelimit_zone', qr/"burst=" is not for algorithm=concurrency/],
     ['concurrency: member=', zone('limit=5 algorithm=concurrency member=request_id'), '',
         'ratelimit_zone', qr/"member=" is not for algorithm=concurrency/],
     ['concurrency: limit=100001', zone('limit=100001 algorithm=concurrency'), '',
-        'ratelimit_zone', qr/limit=100001/],
+        'ratelimit_zone', qr/"limit=100001" is more than algorithm=concurrency holds, 100000 requests in flight/, qr/sliding_counter|gcra/],
+    ['concurrency: lease_time=1000y (1h at most)', zone('limit=5 algorithm=concurrency lease_time=1000y'), '',
+        'ratelimit_zone', qr/"lease_time=1000y" is too long, 1h at most/],
     ['concurrency: lease_time under 3 x (timeout + 100ms)',
         "ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=1s;\nratelimit_zone api key=\$arg_k limit=5 algorithm=concurrency lease_time=2s; #<-", '',
         'ratelimit_zone', qr/"lease_time=2000ms" is too short for "timeout=1000ms".*3300ms/],

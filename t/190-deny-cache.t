@@ -20,6 +20,7 @@ my $config = <<'EOF';
     location /u { ratelimit pace; add_header X-RL $ratelimit_status always; }
     location /two { ratelimit wide; ratelimit api; add_header X-RL $ratelimit_status always; }
     location /cheap { ratelimit api cost=0; add_header X-RL $ratelimit_status always; }
+    location /pair { ratelimit api cost=2; add_header X-RL $ratelimit_status always; }
     location /off {
         ratelimit api;
         ratelimit_deny_cache off;
@@ -80,6 +81,15 @@ is(rl(http_get('/two?k=c')), 'REJECTED_CACHED', 'a location with one more zone: 
 is(rl(http_get('/off?k=c')), 'REJECTED', 'ratelimit_deny_cache off asks Redis');
 is(rl(http_get('/off?k=c')), 'REJECTED', 'every time');
 is(evalsha_calls() - $before, 3, 'three script calls: cost=0 and the two uncached');
+
+# A rejection with units left (2 asked, 1 left): memory repeats what Redis said.
+is(http_get('/t?k=r')->{status}, 200, 'one unit of two used');
+$r = http_get('/pair?k=r');
+is(rl($r), 'REJECTED', 'two units against one left: rejected by Redis');
+is(header($r, 'RateLimit-Remaining'), 1, 'Redis says 1 left');
+$r = http_get('/pair?k=r');
+is(rl($r), 'REJECTED_CACHED', 'then from memory');
+is(header($r, 'RateLimit-Remaining'), 1, 'which says 1 left too');
 ok(stop_nginx(), 'nginx quits gracefully');
 check_no_alerts(error_log_text(), 'mixed');
 

@@ -100,13 +100,26 @@ $exhaust->('b');
 after_reset('redis-cli DEL', '/t?k=b&c=1', 'REJECTED', sub { redis_cmd('DEL', 'rl:api:b') });
 $exhaust->('f');
 after_reset('FLUSHALL', '/t?k=f&c=1', 'REJECTED', sub { redis_cmd('FLUSHALL') });
-# An empty balance has no time at which it refills: its rejections are never remembered, so a
-# new balance counts at once.
+# An empty balance has no time at which it refills: its rejection is remembered like any other
+# until Redis says the key changed, so a top-up counts at once.
 redis_cmd('SET', 'rl:credits:m', 0);
-my @empty = map { rl($_) } @{ hammer('/c?k=m', 8) };
-is("@empty", join(' ', ('REJECTED') x 16), 'an empty balance: every request asks Redis');
-redis_cmd('SET', 'rl:credits:m', 1000);
-is(rl(http_get('/c?k=m', -port => $gw[1]->port)), 'PASSED', 'a new balance: admitted at once');
+after_reset('a top-up of an empty balance', '/c?k=m', 'REJECTED',
+    sub { redis_cmd('SET', 'rl:credits:m', 100_000_000) });
+is(rl(http_get('/c?k=m', -port => $gw[1]->port)), 'PASSED', 'a new balance: admitted');
+
+# What a client hammering an empty balance costs Redis: the first rejection of each worker.
+redis_cmd('SET', 'rl:credits:e', 0);
+ok(wait_until(10, sub { cached_by_worker(hammer('/c?k=e', 24)) == 4 }, 0.05),
+    'an empty balance: every worker remembers its rejection');
+redis_cmd('CONFIG', 'RESETSTAT');
+my $empty_t0 = time;
+my @empty;
+while (time - $empty_t0 < 1) { push @empty, @{ hammer('/c?k=e', 24) } }
+my $empty_calls = calls()->{evalsha} // 0;
+note(sprintf 'an empty balance hammered: %d requests in %.1f s, %d script calls',
+    scalar @empty, time - $empty_t0, $empty_calls);
+is(scalar(grep { $_->{status} != 402 } @empty), 0, 'an empty balance: every answer 402');
+cmp_ok($empty_calls, '<', 5, 'an empty balance hammered costs a few script calls, not one per request');
 
 # The cost of a client hammering past its limit: script calls and all commands per second.
 $exhaust->('h');

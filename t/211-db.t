@@ -58,8 +58,8 @@ check_no_alerts($log, 'db=16');
 for my $bad ('db=x', 'db=-1', 'db=65536', 'db=') {
     my ($rc, $out) = nginx_t(http_config => http_conf($bad), config => $config);
     isnt($rc, 0, "$bad fails nginx -t");
-    like($out, qr/invalid value "\Q$bad\E" in "ratelimit_redis" directive in .*nginx\.conf:\d+/,
-        "$bad: and says why, with file:line");
+    like($out, qr/invalid value "\Q$bad\E" in "ratelimit_redis" directive, it must be 0\.\.65535 .* in .*nginx\.conf:\d+/,
+        "$bad: and says why, with the range and file:line");
 }
 my ($rc) = nginx_t(http_config => http_conf('db=65535'), config => $config);
 is($rc, 0, 'db=65535 passes nginx -t');
