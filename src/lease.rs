@@ -5,7 +5,10 @@
 //!
 //! Redis records reserved units as used until the latest instant they may be spent (the script's
 //! time plus the reservation's life), so the limit holds whoever spends them and when: see
-//! `lua/decide.lua`. This side must only never spend a unit after that instant. It measures the
+//! `lua/decide.lua`. A reservation belongs to the life of its key it was granted in: Redis names
+//! it with a rid in the key's ledger, which a reset empties, so its give-back and the check after
+//! a change name that rid and can never touch a newer life of the key, whatever order the
+//! answers come in. This side must only never spend a unit after that instant. It measures the
 //! life from the moment the request that asked was *started* (before Redis ran the script), on the
 //! worker's monotonic clock, and stops [`margin_ms`] early: nginx's cached clock can lag the real
 //! one by an event-loop iteration, and two machines' clocks may run at slightly different rates.
@@ -52,12 +55,14 @@ pub fn margin_ms(life_ms: u64) -> u64 {
 }
 
 /// What Redis granted with a decision: `units` recorded as used until `life_ms` after the
-/// script ran; `token` names them for a give-back (`lua/decide.lua`).
+/// script ran; `token` names them for a give-back, `rid` the reservation in the key's ledger
+/// (`lua/decide.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Grant {
     pub units: u64,
     pub life_ms: u64,
     pub token: u64,
+    pub rid: u64,
 }
 
 /// Units to return to Redis: a `G` decision of `lua/decide.lua`.
@@ -69,8 +74,19 @@ pub struct GiveBack {
     pub units: u64,
     /// Names the unspent units: for the log the first unspent member, else the grant's token.
     pub token: u64,
+    /// The reservation in the key's ledger: units of another life of the key are not returned.
+    pub rid: u64,
     pub limit: u64,
     pub window_ms: u64,
+}
+
+/// A reservation to check after Redis said its key changed: whether `rid` is still of the key's
+/// present life. `epoch` tells an answer about an older change from one about the latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    pub zone: usize,
+    pub rid: u64,
+    pub epoch: u32,
 }
 
 /// The figures a request decides a zone with; a reservation serves only requests with the same
@@ -93,9 +109,13 @@ struct Held {
     /// reset was due: the headers of requests admitted from it.
     remaining: u64,
     reset_at: u64,
-    /// Redis said the key changed, and whether it is still there is being checked: not spent
-    /// meanwhile, since the change may be a reset.
+    /// Redis said the key changed, and whether the reservation is still of the key's life is
+    /// being checked: not spent meanwhile, since the change may be a reset.
     suspect: bool,
+    /// Redis's tracking was lost, so a reset could have gone unheard: spent while it cannot be
+    /// checked (Redis counted these units; refusing them helps no one while Redis is away), and
+    /// checked as soon as the tracking is back.
+    unverified: bool,
 }
 
 impl Held {
@@ -110,6 +130,7 @@ impl Held {
             units: self.left(),
             // The log's reserved members are consecutive from the token; the spent ones first.
             token: if algorithm_is_log { self.grant.token + self.spent } else { self.grant.token },
+            rid: self.grant.rid,
             limit: self.figures.limit,
             window_ms: self.figures.window_ms,
         })
@@ -133,6 +154,8 @@ struct Entry {
     asking_until: u64,
     /// The last request of the key: a key idle for two lives is forgotten.
     touched: u64,
+    /// Changes Redis told of: a check's answer counts only for the latest.
+    epoch: u32,
 }
 
 impl Entry {
@@ -169,11 +192,23 @@ pub struct Leases {
     map: HashMap<Box<[u8]>, Entry>,
     capacity: usize,
     scratch: Vec<u8>,
+    /// Expired reservations met by [`Leases::want`], to give back before the decision that asks
+    /// for the next one: in the same call, ahead of it, a `gcra` give-back still finds the TAT
+    /// it left.
+    back: Vec<GiveBack>,
+    /// Some reservation is `unverified`.
+    unverified: bool,
 }
 
 impl Leases {
     pub fn new(capacity: usize) -> Self {
-        Leases { map: HashMap::new(), capacity: capacity.max(1), scratch: Vec::new() }
+        Leases {
+            map: HashMap::new(),
+            capacity: capacity.max(1),
+            scratch: Vec::new(),
+            back: Vec::new(),
+            unverified: false,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -252,6 +287,7 @@ impl Leases {
                     log,
                     asking_until: 0,
                     touched: now,
+                    epoch: 0,
                 };
                 self.map.entry(key).or_insert(entry)
             }
@@ -263,6 +299,17 @@ impl Leases {
         e.now_units += ask.cost;
         if now < e.asking_until {
             return 0;
+        }
+        if let Some(h) = e.held {
+            if now < h.until && h.figures == ask.figures {
+                // Still held (being checked, or short of this request's cost): a new grant would
+                // replace it, and a replaced `gcra` reservation cannot be given back once the
+                // new one moved the TAT. It is spent again once checked.
+                return 0;
+            }
+            // Over, or for other figures: back first, in the same call as the next ask.
+            self.back.extend(h.give_back(ask.zone, &flat_key(&self.scratch), log));
+            e.held = None;
         }
         let want = match size {
             LeaseSize::Fixed(n) => n,
@@ -319,6 +366,7 @@ impl Leases {
             log,
             asking_until: 0,
             touched: started,
+            epoch: 0,
         });
         e.asking_until = 0;
         let old = e.held.replace(held(
@@ -361,8 +409,13 @@ impl Leases {
         out
     }
 
-    /// Redis says `key` (a whole Redis key) is gone (reset, `FLUSHALL`, expired): reservations
-    /// of it in any of `zones` zones are dropped, nothing given back.
+    /// The give-backs [`Leases::want`] set aside, to send before the decision.
+    pub fn take_back(&mut self) -> Vec<GiveBack> {
+        core::mem::take(&mut self.back)
+    }
+
+    /// Reservations of `key` (a whole Redis key) in any of `zones` zones are dropped, nothing
+    /// given back: whether they are still of the key's life cannot be checked.
     pub fn revoke(&mut self, zones: usize, key: &[u8]) {
         for zone in 0..zones {
             self.slot(zone, &[key]);
@@ -372,25 +425,89 @@ impl Leases {
         }
     }
 
-    /// Redis says `key` (a whole Redis key) changed, or that it is still there after a change:
-    /// its reservations are not spent until it is known not to be a reset. Returns whether any
-    /// zone holds one (to be checked).
-    pub fn suspect(&mut self, zones: usize, key: &[u8], suspect: bool) -> bool {
+    /// Redis says `key` (a whole Redis key) changed: its reservations are not spent until a
+    /// check says they are still of its life. Returns whether any zone holds one (to check).
+    pub fn suspect(&mut self, zones: usize, key: &[u8]) -> bool {
         let mut held = false;
         for zone in 0..zones {
             self.slot(zone, &[key]);
-            if let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
-            {
-                h.suspect = suspect;
+            let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { continue };
+            if let Some(h) = e.held.as_mut() {
+                h.suspect = true;
+                e.epoch = e.epoch.wrapping_add(1);
                 held = true;
             }
         }
         held
     }
 
-    /// Every reservation dropped (Redis's tracking lost: a reset could go unheard).
-    pub fn revoke_all(&mut self) {
-        self.map.values_mut().for_each(|e| e.held = None);
+    /// The checks to send for `key` once its tracking is renewed: one per suspect reservation.
+    pub fn checks(&mut self, zones: usize, key: &[u8]) -> Vec<Check> {
+        let mut out = Vec::new();
+        for zone in 0..zones {
+            self.slot(zone, &[key]);
+            let Some(e) = self.map.get(self.scratch.as_slice()) else { continue };
+            if let Some(h) = e.held.filter(|h| h.suspect) {
+                out.push(Check { zone, rid: h.grant.rid, epoch: e.epoch });
+            }
+        }
+        out
+    }
+
+    /// Redis answered a check of `key` (`None`: it did not): a reservation still of the key's
+    /// life is spent again, one of an older life dropped without a give-back (Redis no longer
+    /// counts its units). An answer about another reservation or an older change is ignored.
+    /// Returns the units dropped.
+    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>) -> u64 {
+        self.slot(c.zone, &[key]);
+        let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return 0 };
+        let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return 0 };
+        if e.epoch != c.epoch {
+            return 0;
+        }
+        match present {
+            Some(true) => {
+                h.suspect = false;
+                0
+            }
+            Some(false) => {
+                let left = h.left();
+                e.held = None;
+                left
+            }
+            // Kept from spending until it expires and is given back: safe, as the give-back
+            // names its rid too.
+            None => 0,
+        }
+    }
+
+    /// Redis's tracking was lost: a reset could go unheard from now on. Reservations stay
+    /// spendable while the tracking cannot be had, and are checked once it can.
+    pub fn unverify_all(&mut self) {
+        for h in self.map.values_mut().filter_map(|e| e.held.as_mut()) {
+            h.unverified = true;
+            self.unverified = true;
+        }
+    }
+
+    /// Checks the reservations the tracking was lost for, where `track` (renewing a key's
+    /// tracking, false while it cannot) says it is back: each is then suspect until its check.
+    pub fn verify_unverified(&mut self, mut track: impl FnMut(&[u8]) -> bool) {
+        if !self.unverified {
+            return;
+        }
+        let mut left = false;
+        for (k, e) in self.map.iter_mut() {
+            let Some(h) = e.held.as_mut().filter(|h| h.unverified) else { continue };
+            if track(&k[ZONE_LEN..]) {
+                h.unverified = false;
+                h.suspect = true;
+                e.epoch = e.epoch.wrapping_add(1);
+            } else {
+                left = true;
+            }
+        }
+        self.unverified = left;
     }
 }
 
@@ -410,6 +527,15 @@ fn held(
         remaining,
         reset_at: started + reset_ms,
         suspect: false,
+        unverified: false,
+    }
+}
+
+#[cfg(test)]
+impl Leases {
+    fn held_mut(&mut self, key: &[u8]) -> Option<&mut Held> {
+        self.slot(0, &[key]);
+        self.map.get_mut(self.scratch.as_slice())?.held.as_mut()
     }
 }
 
@@ -436,7 +562,7 @@ mod tests {
     }
 
     fn grant(units: u64) -> Grant {
-        Grant { units, life_ms: 1000, token: 500 }
+        Grant { units, life_ms: 1000, token: 500, rid: 7 }
     }
 
     #[test]
@@ -533,6 +659,7 @@ mod tests {
                 key: b"rl:api:k".to_vec(),
                 units: 3,
                 token: 502,
+                rid: 7,
                 limit: 100,
                 window_ms: 60_000
             }]
@@ -545,19 +672,101 @@ mod tests {
         assert!(l.is_empty());
     }
 
+    const KEY: &[u8] = b"rl:api:k";
+
+    fn check_of(l: &mut Leases) -> Check {
+        let c = l.checks(3, KEY);
+        assert_eq!(c.len(), 1);
+        c[0]
+    }
+
     #[test]
-    fn a_reset_key_drops_its_reservations_without_giving_back() {
+    fn a_change_stops_spending_until_a_check_of_its_rid_answers() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        // Changed: not spent until known to be there still.
-        assert!(l.suspect(3, b"rl:api:k", true));
+        assert!(l.suspect(3, KEY));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
-        assert!(l.suspect(3, b"rl:api:k", false));
+        let c = check_of(&mut l);
+        assert_eq!((c.zone, c.rid), (0, 7));
+        // Still of the key's life: spent again.
+        assert_eq!(l.checked(KEY, c, Some(true)), 0);
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
-        l.revoke(3, b"rl:api:k");
-        assert!(!l.suspect(3, b"rl:api:k", false));
+        // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
+        l.suspect(3, KEY);
+        let c = check_of(&mut l);
+        assert_eq!(l.checked(KEY, c, Some(false)), 4);
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         assert_eq!(l.drain(), vec![]);
+    }
+
+    #[test]
+    fn a_stale_answer_touches_neither_a_newer_change_nor_a_newer_grant() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.suspect(3, KEY);
+        let first = check_of(&mut l);
+        // Another change before the first check's answer: that answer may predate it.
+        l.suspect(3, KEY);
+        let second = check_of(&mut l);
+        assert_eq!(l.checked(KEY, first, Some(true)), 0);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "a stale 'there' clears nothing");
+        assert_eq!(l.checked(KEY, second, Some(true)), 0);
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+        // A grant made after a reset: the reset's answer names the old rid and drops nothing.
+        l.suspect(3, KEY);
+        let old = check_of(&mut l);
+        l.held_mut(KEY).unwrap().grant.units = 1; // spent out: the key asks Redis again
+        l.held_mut(KEY).unwrap().spent = 1;
+        l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
+        assert_eq!(l.checked(KEY, old, Some(false)), 0);
+        assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
+        // No answer: left unspent, given back at its end.
+        l.suspect(3, KEY);
+        let c = check_of(&mut l);
+        assert_eq!(l.checked(KEY, c, None), 0);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 30), None);
+        assert_eq!(l.sweep(1000).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(4, 8)]);
+    }
+
+    #[test]
+    fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.unverify_all();
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
+        l.verify_unverified(|_| false);
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "still no tracking");
+        let mut tracked = Vec::new();
+        l.verify_unverified(|k| {
+            tracked.push(k.to_vec());
+            true
+        });
+        assert_eq!(tracked, [KEY.to_vec()]);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "tracked again: checked first");
+        let c = check_of(&mut l);
+        l.checked(KEY, c, Some(true));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+        l.verify_unverified(|_| panic!("nothing left to check"));
+    }
+
+    #[test]
+    fn a_held_reservation_is_not_replaced_and_an_expired_one_goes_back_before_the_next_ask() {
+        let mut l = Leases::new(10);
+        let a = ask(b"k", 1);
+        for t in 0..5 {
+            l.want(&a, LeaseSize::Auto, 1000, false, t);
+        }
+        l.granted(&a, grant(5), 0, 0, 0, false);
+        l.suspect(3, KEY);
+        // Being checked: decided exactly, asking for nothing (a gcra reservation replaced by
+        // another cannot be given back).
+        assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 10), 0);
+        assert!(l.take_back().is_empty());
+        // Over: given back ahead of the ask for the next one.
+        assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 980), 9);
+        assert_eq!(l.take_back().iter().map(|g| g.units).collect::<Vec<_>>(), [5]);
+        assert!(l.take_back().is_empty());
+        assert_eq!(l.sweep(990), vec![], "not twice");
     }
 
     #[test]
