@@ -183,6 +183,9 @@ end
 -- A give-back "G<letter><rid>" or a check "V<rid>" as its two-letter (one for V) operation and
 -- its rid; anything else as it came.
 local function split_rid(alg)
+  if not alg then
+    return nil
+  end
   local op, rid = string.match(alg, '^(G[lpcgqb])(%d+)$')
   if not op then
     op, rid = string.match(alg, '^(V)(%d+)$')
