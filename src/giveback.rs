@@ -298,8 +298,14 @@ fn answered(
                 Some(Ok(d)) => Some(d.zones[0].remaining == 1),
                 _ => None,
             };
-            if let Some(leases) = mcf.leases.borrow_mut().as_mut() {
-                leases.checked(key, check, present);
+            let mut leases = mcf.leases.borrow_mut();
+            let Some(leases) = leases.as_mut() else { return };
+            // A change heard while the check was on its way: checked again, starting with the
+            // key's tracking; where that cannot be had, the reservation goes.
+            if leases.checked(key, check, present)
+                && !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
+            {
+                leases.revoke(mcf.zones.len(), key);
             }
         }
         What::Renew { zone, id } => {

@@ -395,7 +395,7 @@ fn hear_changes(mcf: &MainConf) {
     invalidation::drain(|f| {
         if let Some(cache) = cache.as_mut() {
             match f {
-                Forget::All => cache.clear(),
+                Forget::All | Forget::Unheard => cache.clear(),
                 Forget::Key(key) | Forget::Gone(key) => {
                     (0..zones).for_each(|zone| cache.forget(zone, &[key]))
                 }
@@ -404,7 +404,10 @@ fn hear_changes(mcf: &MainConf) {
         }
         if let Some(leases) = leases.as_mut() {
             match f {
-                Forget::All => leases.unverify_all(),
+                Forget::All => leases.suspect_all(|key| {
+                    WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
+                }),
+                Forget::Unheard => leases.unverify_all(),
                 // Gone or there, the answer is about the key, not about a reservation: one
                 // granted after the reset is of the new life, and only its rid can tell.
                 Forget::Gone(key) | Forget::Present(key) => {

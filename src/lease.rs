@@ -81,12 +81,20 @@ pub struct GiveBack {
 }
 
 /// A reservation to check after Redis said its key changed: whether `rid` is still of the key's
-/// present life. `epoch` tells an answer about an older change from one about the latest.
+/// present life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Check {
     pub zone: usize,
     pub rid: u64,
-    pub epoch: u32,
+}
+
+/// Where the check of a reservation is, after Redis said its key changed: `EXISTS` renews the
+/// key's tracking first, so that a change after the check is heard of; then the check by rid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checking {
+    No,
+    Tracking,
+    Rid,
 }
 
 /// The figures a request decides a zone with; a reservation serves only requests with the same
@@ -116,6 +124,11 @@ struct Held {
     /// checked (Redis counted these units; refusing them helps no one while Redis is away), and
     /// checked as soon as the tracking is back.
     unverified: bool,
+    checking: Checking,
+    /// Redis told of another change while a check was on its way: checked again once that check
+    /// has answered, without stopping the spending meanwhile (a key that every decision writes
+    /// would otherwise never be spent from: each check would meet the next change).
+    recheck: bool,
 }
 
 impl Held {
@@ -154,8 +167,6 @@ struct Entry {
     asking_until: u64,
     /// The last request of the key: a key idle for two lives is forgotten.
     touched: u64,
-    /// Changes Redis told of: a check's answer counts only for the latest.
-    epoch: u32,
 }
 
 impl Entry {
@@ -287,7 +298,6 @@ impl Leases {
                     log,
                     asking_until: 0,
                     touched: now,
-                    epoch: 0,
                 };
                 self.map.entry(key).or_insert(entry)
             }
@@ -366,7 +376,6 @@ impl Leases {
             log,
             asking_until: 0,
             touched: started,
-            epoch: 0,
         });
         e.asking_until = 0;
         let old = e.held.replace(held(
@@ -426,29 +435,39 @@ impl Leases {
     }
 
     /// Redis says `key` (a whole Redis key) changed: its reservations are not spent until a
-    /// check says they are still of its life. Returns whether any zone holds one (to check).
+    /// check says they are still of its life, unless one is on its way already (then they are
+    /// checked again after it). Returns whether the key's tracking is to be renewed (`EXISTS`),
+    /// which starts the check.
     pub fn suspect(&mut self, zones: usize, key: &[u8]) -> bool {
-        let mut held = false;
+        let mut track = false;
         for zone in 0..zones {
             self.slot(zone, &[key]);
-            let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { continue };
-            if let Some(h) = e.held.as_mut() {
-                h.suspect = true;
-                e.epoch = e.epoch.wrapping_add(1);
-                held = true;
+            let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
+            else {
+                continue;
+            };
+            if h.checking == Checking::No {
+                (h.suspect, h.checking) = (true, Checking::Tracking);
+                track = true;
+            } else {
+                h.recheck = true;
             }
         }
-        held
+        track
     }
 
-    /// The checks to send for `key` once its tracking is renewed: one per suspect reservation.
+    /// The checks to send for `key` now that its tracking is renewed (`EXISTS` answered).
     pub fn checks(&mut self, zones: usize, key: &[u8]) -> Vec<Check> {
         let mut out = Vec::new();
         for zone in 0..zones {
             self.slot(zone, &[key]);
-            let Some(e) = self.map.get(self.scratch.as_slice()) else { continue };
-            if let Some(h) = e.held.filter(|h| h.suspect) {
-                out.push(Check { zone, rid: h.grant.rid, epoch: e.epoch });
+            let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
+            else {
+                continue;
+            };
+            if h.checking == Checking::Tracking {
+                h.checking = Checking::Rid;
+                out.push(Check { zone, rid: h.grant.rid });
             }
         }
         out
@@ -456,28 +475,48 @@ impl Leases {
 
     /// Redis answered a check of `key` (`None`: it did not): a reservation still of the key's
     /// life is spent again, one of an older life dropped without a give-back (Redis no longer
-    /// counts its units). An answer about another reservation or an older change is ignored.
-    /// Returns the units dropped.
-    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>) -> u64 {
+    /// counts its units). An answer about another reservation (one replaced since) is ignored.
+    /// Returns whether the key's tracking is to be renewed for the check again that a change
+    /// heard meanwhile asks for.
+    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>) -> bool {
         self.slot(c.zone, &[key]);
-        let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return 0 };
-        let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return 0 };
-        if e.epoch != c.epoch {
-            return 0;
+        let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return false };
+        let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return false };
+        if h.checking != Checking::Rid {
+            return false;
         }
         match present {
             Some(true) => {
                 h.suspect = false;
-                0
+                h.checking = if h.recheck { Checking::Tracking } else { Checking::No };
+                core::mem::take(&mut h.recheck)
             }
             Some(false) => {
-                let left = h.left();
                 e.held = None;
-                left
+                false
             }
-            // Kept from spending until it expires and is given back: safe, as the give-back
-            // names its rid too.
-            None => 0,
+            // Kept from spending until it expires and is given back (safe: the give-back names
+            // its rid too), or until another change starts a check again.
+            None => {
+                (h.checking, h.recheck) = (Checking::No, false);
+                false
+            }
+        }
+    }
+
+    /// Anything may have changed (`FLUSHALL`): every reservation is checked as after a change
+    /// of its key, starting with its key's tracking (`track`); one whose tracking cannot be had
+    /// goes.
+    pub fn suspect_all(&mut self, mut track: impl FnMut(&[u8]) -> bool) {
+        for (k, e) in self.map.iter_mut() {
+            let Some(h) = e.held.as_mut() else { continue };
+            if h.checking != Checking::No {
+                h.recheck = true;
+            } else if track(&k[ZONE_LEN..]) {
+                (h.suspect, h.checking) = (true, Checking::Tracking);
+            } else {
+                e.held = None;
+            }
         }
     }
 
@@ -498,11 +537,12 @@ impl Leases {
         }
         let mut left = false;
         for (k, e) in self.map.iter_mut() {
-            let Some(h) = e.held.as_mut().filter(|h| h.unverified) else { continue };
+            let Some(h) = e.held.as_mut().filter(|h| h.unverified && h.checking == Checking::No)
+            else {
+                continue;
+            };
             if track(&k[ZONE_LEN..]) {
-                h.unverified = false;
-                h.suspect = true;
-                e.epoch = e.epoch.wrapping_add(1);
+                (h.unverified, h.suspect, h.checking) = (false, true, Checking::Tracking);
             } else {
                 left = true;
             }
@@ -528,6 +568,8 @@ fn held(
         reset_at: started + reset_ms,
         suspect: false,
         unverified: false,
+        checking: Checking::No,
+        recheck: false,
     }
 }
 
@@ -684,46 +726,52 @@ mod tests {
     fn a_change_stops_spending_until_a_check_of_its_rid_answers() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        assert!(l.suspect(3, KEY));
+        assert!(l.suspect(3, KEY), "the key's tracking to renew");
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         let c = check_of(&mut l);
         assert_eq!((c.zone, c.rid), (0, 7));
+        assert!(l.checks(3, KEY).is_empty(), "one check at a time");
         // Still of the key's life: spent again.
-        assert_eq!(l.checked(KEY, c, Some(true)), 0);
+        assert!(!l.checked(KEY, c, Some(true)));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
         // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
         l.suspect(3, KEY);
         let c = check_of(&mut l);
-        assert_eq!(l.checked(KEY, c, Some(false)), 4);
+        assert!(!l.checked(KEY, c, Some(false)));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         assert_eq!(l.drain(), vec![]);
     }
 
     #[test]
-    fn a_stale_answer_touches_neither_a_newer_change_nor_a_newer_grant() {
+    fn a_change_heard_during_a_check_is_checked_after_it_without_stopping_the_spending() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
         l.suspect(3, KEY);
         let first = check_of(&mut l);
-        // Another change before the first check's answer: that answer may predate it.
-        l.suspect(3, KEY);
-        let second = check_of(&mut l);
-        assert_eq!(l.checked(KEY, first, Some(true)), 0);
-        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "a stale 'there' clears nothing");
-        assert_eq!(l.checked(KEY, second, Some(true)), 0);
-        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
-        // A grant made after a reset: the reset's answer names the old rid and drops nothing.
+        // Another change before the answer (the key's own writers): not a second stop.
+        assert!(!l.suspect(3, KEY));
+        assert!(l.checked(KEY, first, Some(true)), "checked again: the tracking to renew");
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent meanwhile");
+        let again = check_of(&mut l);
+        assert!(!l.checked(KEY, again, Some(false)), "that check finds a reset");
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    }
+
+    #[test]
+    fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
         l.suspect(3, KEY);
         let old = check_of(&mut l);
-        l.held_mut(KEY).unwrap().grant.units = 1; // spent out: the key asks Redis again
-        l.held_mut(KEY).unwrap().spent = 1;
+        // The key's reset is answered late: meanwhile its next life granted another.
+        l.held_mut(KEY).unwrap().spent = 5;
         l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
-        assert_eq!(l.checked(KEY, old, Some(false)), 0);
+        assert!(!l.checked(KEY, old, Some(false)));
         assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
         // No answer: left unspent, given back at its end.
         l.suspect(3, KEY);
         let c = check_of(&mut l);
-        assert_eq!(l.checked(KEY, c, None), 0);
+        assert!(!l.checked(KEY, c, None));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 30), None);
         assert_eq!(l.sweep(1000).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(4, 8)]);
     }
@@ -744,7 +792,7 @@ mod tests {
         assert_eq!(tracked, [KEY.to_vec()]);
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "tracked again: checked first");
         let c = check_of(&mut l);
-        l.checked(KEY, c, Some(true));
+        assert!(!l.checked(KEY, c, Some(true)));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
         l.verify_unverified(|_| panic!("nothing left to check"));
     }
