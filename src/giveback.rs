@@ -70,9 +70,9 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
         }
         // Reservations whose key's tracking was lost are checked once it can be had again.
         if let Some(pool) = WorkerPool::get(mcf) {
-            leases.verify_unverified(|key| pool.track(&[key]));
+            leases.verify_unverified(now, |key| pool.track(&[key]));
         }
-        leases.sweep(now)
+        leases.sweep(now, mcf.redis.as_ref().map_or(0, |r| r.timeout as u64))
     });
     send(mcf, back.into_iter().flatten());
     renew(mcf, now);
@@ -283,6 +283,8 @@ fn answered(
         _ => None,
     };
     let metrics = mcf.metrics.get();
+    // SAFETY: the worker's cached clock, read on its only thread.
+    let now = unsafe { ngx_current_msec } as u64;
     match *what {
         What::Units { zone, units } => {
             // A give-back answers 1 in its reset field when its reservation was of the key's
@@ -302,7 +304,7 @@ fn answered(
             let Some(leases) = leases.as_mut() else { return };
             // A change heard while the check was on its way: checked again, starting with the
             // key's tracking; where that cannot be had, the reservation goes.
-            if leases.checked(key, check, present)
+            if leases.checked(key, check, present, now)
                 && !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
             {
                 leases.revoke(mcf.zones.len(), key);
@@ -315,8 +317,6 @@ fn answered(
                 // Redis failed or refused: the next tick tries again, before the slot lapses.
                 _ => Renewal::Failed,
             };
-            // SAFETY: the worker's cached clock, read on its only thread.
-            let now = unsafe { ngx_current_msec } as u64;
             let found_gone = mcf
                 .slots
                 .borrow_mut()
@@ -337,7 +337,7 @@ fn answered(
                 _ => Release::Failed,
             };
             let released =
-                mcf.slots.borrow_mut().as_mut().and_then(|s| s.orphan_answered(id, answer));
+                mcf.slots.borrow_mut().as_mut().and_then(|s| s.orphan_answered(id, answer, now));
             if let Some(zone) = released {
                 metrics.slot(zone, SlotEvent::Released);
             }

@@ -392,6 +392,8 @@ fn hear_changes(mcf: &MainConf) {
     let zones = mcf.zones.len();
     // Sent once the tables are let go: a check the pool refuses is answered at once.
     let mut checks = Vec::new();
+    // SAFETY: the worker's cached clock, read on its only thread.
+    let now = unsafe { ngx_current_msec } as u64;
     invalidation::drain(|f| {
         if let Some(cache) = cache.as_mut() {
             match f {
@@ -404,7 +406,7 @@ fn hear_changes(mcf: &MainConf) {
         }
         if let Some(leases) = leases.as_mut() {
             match f {
-                Forget::All => leases.suspect_all(|key| {
+                Forget::All => leases.suspect_all(now, |key| {
                     WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
                 }),
                 Forget::Unheard => leases.unverify_all(),
@@ -413,7 +415,7 @@ fn hear_changes(mcf: &MainConf) {
                 Forget::Gone(key) | Forget::Present(key) => {
                     checks.extend(leases.checks(zones, key).into_iter().map(|c| (key.to_vec(), c)));
                 }
-                Forget::Key(key) if leases.suspect(zones, key) => {
+                Forget::Key(key) if leases.suspect(zones, key, now) => {
                     if !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key])) {
                         leases.revoke(zones, key);
                     }

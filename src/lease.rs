@@ -49,6 +49,9 @@ impl LeaseConf {
 /// keys seen twice were mostly given back).
 const AUTO_MIN_UNITS: u64 = 4;
 
+/// How often reservations that could not be checked are tried again.
+const RECHECK_MS: u64 = 1000;
+
 /// How much earlier than Redis's end of a reservation this worker stops spending it.
 pub fn margin_ms(life_ms: u64) -> u64 {
     (life_ms / 50).max(10)
@@ -125,6 +128,9 @@ struct Held {
     /// checked as soon as the tracking is back.
     unverified: bool,
     checking: Checking,
+    /// When the check on its way started: one Redis has not answered within `timeout` leaves
+    /// the reservation `unverified` (spent while Redis is silent, checked again later).
+    checking_since: u64,
     /// Redis told of another change while a check was on its way: checked again once that check
     /// has answered, without stopping the spending meanwhile (a key that every decision writes
     /// would otherwise never be spent from: each check would meet the next change).
@@ -134,6 +140,14 @@ struct Held {
 impl Held {
     fn left(&self) -> u64 {
         self.grant.units - self.spent
+    }
+
+    /// Redis did not answer a check: while it cannot be asked, the reservation is spent (Redis
+    /// counted its units; a reset that came just before Redis fell silent is the one thing that
+    /// goes unchecked meanwhile), and it is checked again later.
+    fn give_up_check(&mut self) {
+        (self.checking, self.recheck, self.suspect, self.unverified) =
+            (Checking::No, false, false, true);
     }
 
     fn give_back(&self, zone: usize, key: &[u8], algorithm_is_log: bool) -> Option<GiveBack> {
@@ -207,8 +221,9 @@ pub struct Leases {
     /// for the next one: in the same call, ahead of it, a `gcra` give-back still finds the TAT
     /// it left.
     back: Vec<GiveBack>,
-    /// Some reservation is `unverified`.
+    /// Some reservation is `unverified`, to be checked from `verify_at` on.
     unverified: bool,
+    verify_at: u64,
 }
 
 impl Leases {
@@ -219,6 +234,7 @@ impl Leases {
             scratch: Vec::new(),
             back: Vec::new(),
             unverified: false,
+            verify_at: 0,
         }
     }
 
@@ -389,14 +405,22 @@ impl Leases {
         old.and_then(|h| h.give_back(ask.zone, &flat_key(&key), log))
     }
 
-    /// Reservations whose time is up give back what is left; keys idle for two lives are
-    /// forgotten.
-    pub fn sweep(&mut self, now: u64) -> Vec<GiveBack> {
+    /// Reservations whose time is up give back what is left; checks Redis has not answered
+    /// within `timeout_ms` are given up (the reservation `unverified`); keys idle for two lives
+    /// are forgotten.
+    pub fn sweep(&mut self, now: u64, timeout_ms: u64) -> Vec<GiveBack> {
         let mut out = Vec::new();
+        let mut unverified = false;
         self.map.retain(|k, e| {
             if let Some(h) = e.held.filter(|h| now >= h.until) {
                 out.extend(h.give_back(zone_of(k), &flat_key(k), e.log));
                 e.held = None;
+            }
+            if let Some(h) = e.held.as_mut() {
+                if h.checking != Checking::No && now >= h.checking_since + timeout_ms {
+                    h.give_up_check();
+                }
+                unverified |= h.unverified;
             }
             if e.idle(now) {
                 return false;
@@ -404,6 +428,7 @@ impl Leases {
             e.roll(now);
             true
         });
+        self.unverified = unverified;
         out
     }
 
@@ -438,7 +463,7 @@ impl Leases {
     /// check says they are still of its life, unless one is on its way already (then they are
     /// checked again after it). Returns whether the key's tracking is to be renewed (`EXISTS`),
     /// which starts the check.
-    pub fn suspect(&mut self, zones: usize, key: &[u8]) -> bool {
+    pub fn suspect(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
         let mut track = false;
         for zone in 0..zones {
             self.slot(zone, &[key]);
@@ -447,7 +472,7 @@ impl Leases {
                 continue;
             };
             if h.checking == Checking::No {
-                (h.suspect, h.checking) = (true, Checking::Tracking);
+                (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
                 track = true;
             } else {
                 h.recheck = true;
@@ -478,7 +503,7 @@ impl Leases {
     /// counts its units). An answer about another reservation (one replaced since) is ignored.
     /// Returns whether the key's tracking is to be renewed for the check again that a change
     /// heard meanwhile asks for.
-    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>) -> bool {
+    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>, now: u64) -> bool {
         self.slot(c.zone, &[key]);
         let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return false };
         let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return false };
@@ -487,18 +512,17 @@ impl Leases {
         }
         match present {
             Some(true) => {
-                h.suspect = false;
+                (h.suspect, h.unverified) = (false, false);
                 h.checking = if h.recheck { Checking::Tracking } else { Checking::No };
+                h.checking_since = now;
                 core::mem::take(&mut h.recheck)
             }
             Some(false) => {
                 e.held = None;
                 false
             }
-            // Kept from spending until it expires and is given back (safe: the give-back names
-            // its rid too), or until another change starts a check again.
             None => {
-                (h.checking, h.recheck) = (Checking::No, false);
+                h.give_up_check();
                 false
             }
         }
@@ -507,13 +531,13 @@ impl Leases {
     /// Anything may have changed (`FLUSHALL`): every reservation is checked as after a change
     /// of its key, starting with its key's tracking (`track`); one whose tracking cannot be had
     /// goes.
-    pub fn suspect_all(&mut self, mut track: impl FnMut(&[u8]) -> bool) {
+    pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
         for (k, e) in self.map.iter_mut() {
             let Some(h) = e.held.as_mut() else { continue };
             if h.checking != Checking::No {
                 h.recheck = true;
             } else if track(&k[ZONE_LEN..]) {
-                (h.suspect, h.checking) = (true, Checking::Tracking);
+                (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
             } else {
                 e.held = None;
             }
@@ -529,12 +553,16 @@ impl Leases {
         }
     }
 
-    /// Checks the reservations the tracking was lost for, where `track` (renewing a key's
-    /// tracking, false while it cannot) says it is back: each is then suspect until its check.
-    pub fn verify_unverified(&mut self, mut track: impl FnMut(&[u8]) -> bool) {
-        if !self.unverified {
+    /// Checks the reservations the tracking was lost for (or whose check Redis did not answer),
+    /// where `track` (renewing a key's tracking, false while it cannot) says it can be had:
+    /// spent on meanwhile, as they were while unchecked, and dropped if the check finds them of
+    /// an older life. At most once per [`RECHECK_MS`], so that a silent Redis is not asked every
+    /// tick.
+    pub fn verify_unverified(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+        if !self.unverified || now < self.verify_at {
             return;
         }
+        self.verify_at = now + RECHECK_MS;
         let mut left = false;
         for (k, e) in self.map.iter_mut() {
             let Some(h) = e.held.as_mut().filter(|h| h.unverified && h.checking == Checking::No)
@@ -542,7 +570,7 @@ impl Leases {
                 continue;
             };
             if track(&k[ZONE_LEN..]) {
-                (h.unverified, h.suspect, h.checking) = (false, true, Checking::Tracking);
+                (h.checking, h.checking_since) = (Checking::Tracking, now);
             } else {
                 left = true;
             }
@@ -569,6 +597,7 @@ fn held(
         suspect: false,
         unverified: false,
         checking: Checking::No,
+        checking_since: 0,
         recheck: false,
     }
 }
@@ -691,8 +720,8 @@ mod tests {
         l.granted(&a, grant(5), 0, 0, 0, true);
         l.try_spend(&[ask(b"k", 1)], 10).unwrap();
         l.try_spend(&[ask(b"k", 1)], 10).unwrap();
-        assert_eq!(l.sweep(500), vec![]);
-        let back = l.sweep(980);
+        assert_eq!(l.sweep(500, 500), vec![]);
+        let back = l.sweep(980, 500);
         // The log names the unspent members: the token plus the two spent.
         assert_eq!(
             back,
@@ -706,7 +735,7 @@ mod tests {
                 window_ms: 60_000
             }]
         );
-        assert_eq!(l.sweep(990), vec![]);
+        assert_eq!(l.sweep(990, 500), vec![]);
         l.granted(&a, grant(4), 1000, 0, 0, false);
         let old = l.granted(&a, grant(4), 1100, 0, 0, false).unwrap();
         assert_eq!((old.units, old.token), (4, 500));
@@ -726,18 +755,18 @@ mod tests {
     fn a_change_stops_spending_until_a_check_of_its_rid_answers() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        assert!(l.suspect(3, KEY), "the key's tracking to renew");
+        assert!(l.suspect(3, KEY, 0), "the key's tracking to renew");
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         let c = check_of(&mut l);
         assert_eq!((c.zone, c.rid), (0, 7));
         assert!(l.checks(3, KEY).is_empty(), "one check at a time");
         // Still of the key's life: spent again.
-        assert!(!l.checked(KEY, c, Some(true)));
+        assert!(!l.checked(KEY, c, Some(true), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
         // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
-        l.suspect(3, KEY);
+        l.suspect(3, KEY, 0);
         let c = check_of(&mut l);
-        assert!(!l.checked(KEY, c, Some(false)));
+        assert!(!l.checked(KEY, c, Some(false), 0));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         assert_eq!(l.drain(), vec![]);
     }
@@ -746,14 +775,14 @@ mod tests {
     fn a_change_heard_during_a_check_is_checked_after_it_without_stopping_the_spending() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        l.suspect(3, KEY);
+        l.suspect(3, KEY, 0);
         let first = check_of(&mut l);
         // Another change before the answer (the key's own writers): not a second stop.
-        assert!(!l.suspect(3, KEY));
-        assert!(l.checked(KEY, first, Some(true)), "checked again: the tracking to renew");
+        assert!(!l.suspect(3, KEY, 0));
+        assert!(l.checked(KEY, first, Some(true), 0), "checked again: the tracking to renew");
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent meanwhile");
         let again = check_of(&mut l);
-        assert!(!l.checked(KEY, again, Some(false)), "that check finds a reset");
+        assert!(!l.checked(KEY, again, Some(false), 0), "that check finds a reset");
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
     }
 
@@ -761,19 +790,44 @@ mod tests {
     fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        l.suspect(3, KEY);
+        l.suspect(3, KEY, 0);
         let old = check_of(&mut l);
         // The key's reset is answered late: meanwhile its next life granted another.
         l.held_mut(KEY).unwrap().spent = 5;
         l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
-        assert!(!l.checked(KEY, old, Some(false)));
+        assert!(!l.checked(KEY, old, Some(false), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
-        // No answer: left unspent, given back at its end.
-        l.suspect(3, KEY);
+        // No answer (Redis silent): spent while Redis cannot be asked, checked again later.
+        l.suspect(3, KEY, 0);
         let c = check_of(&mut l);
-        assert!(!l.checked(KEY, c, None));
-        assert_eq!(l.try_spend(&[ask(b"k", 1)], 30), None);
-        assert_eq!(l.sweep(1000).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(4, 8)]);
+        assert!(!l.checked(KEY, c, None, 0));
+        assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some());
+        assert_eq!(l.sweep(1000, 500).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(3, 8)]);
+    }
+
+    #[test]
+    fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again_without_stopping() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        assert!(l.suspect(3, KEY, 100));
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+        // EXISTS unanswered for the whole timeout (300 ms): Redis is silent.
+        assert_eq!(l.sweep(399, 300), vec![]);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 399), None);
+        assert_eq!(l.sweep(400, 300), vec![]);
+        assert!(l.try_spend(&[ask(b"k", 1)], 400).is_some(), "spent while Redis is silent");
+        // Tried again, spent meanwhile; at most once a second.
+        let mut tracked = 0;
+        l.verify_unverified(400, |_| {
+            tracked += 1;
+            true
+        });
+        l.verify_unverified(900, |_| panic!("not within a second"));
+        assert_eq!(tracked, 1);
+        assert!(l.try_spend(&[ask(b"k", 1)], 450).is_some(), "a check in the background");
+        let c = check_of(&mut l);
+        assert!(!l.checked(KEY, c, Some(false), 460), "Redis back: the reservation was reset");
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 470), None);
     }
 
     #[test]
@@ -782,19 +836,19 @@ mod tests {
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
         l.unverify_all();
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
-        l.verify_unverified(|_| false);
+        l.verify_unverified(0, |_| false);
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "still no tracking");
         let mut tracked = Vec::new();
-        l.verify_unverified(|k| {
+        l.verify_unverified(1000, |k| {
             tracked.push(k.to_vec());
             true
         });
         assert_eq!(tracked, [KEY.to_vec()]);
-        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "tracked again: checked first");
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "tracked again: checked meanwhile");
         let c = check_of(&mut l);
-        assert!(!l.checked(KEY, c, Some(true)));
+        assert!(!l.checked(KEY, c, Some(true), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
-        l.verify_unverified(|_| panic!("nothing left to check"));
+        l.verify_unverified(5000, |_| panic!("nothing left to check"));
     }
 
     #[test]
@@ -805,7 +859,7 @@ mod tests {
             l.want(&a, LeaseSize::Auto, 1000, false, t);
         }
         l.granted(&a, grant(5), 0, 0, 0, false);
-        l.suspect(3, KEY);
+        l.suspect(3, KEY, 0);
         // Being checked: decided exactly, asking for nothing (a gcra reservation replaced by
         // another cannot be given back).
         assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 10), 0);
@@ -814,7 +868,7 @@ mod tests {
         assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 980), 9);
         assert_eq!(l.take_back().iter().map(|g| g.units).collect::<Vec<_>>(), [5]);
         assert!(l.take_back().is_empty());
-        assert_eq!(l.sweep(990), vec![], "not twice");
+        assert_eq!(l.sweep(990, 500), vec![], "not twice");
     }
 
     #[test]
@@ -829,10 +883,10 @@ mod tests {
         assert_eq!(l.len(), 2);
         // Idle keys leave after two lives, making room, swept every 100 ms as the timer does.
         for t in (100..2000).step_by(100) {
-            assert_eq!(l.sweep(t), vec![]);
+            assert_eq!(l.sweep(t, 500), vec![]);
             assert_eq!(l.len(), 2, "at {t}");
         }
-        assert_eq!(l.sweep(2000), vec![]);
+        assert_eq!(l.sweep(2000, 500), vec![]);
         assert!(l.is_empty());
     }
 }
