@@ -289,9 +289,10 @@ fn answered(
         What::Units { zone, units } => {
             // A give-back answers 1 in its reset field when its reservation was of the key's
             // life; otherwise a reset took the units already.
-            if reply.map(|r| script::decode_decision(r, 1)).is_some_and(|d| {
-                d.is_ok_and(|d| d.zones[0].reset_ms == 1)
-            }) {
+            if reply
+                .map(|r| script::decode_decision(r, 1))
+                .is_some_and(|d| d.is_ok_and(|d| d.zones[0].reset_ms == 1))
+            {
                 metrics.lease(zone, LeaseEvent::Returned, units);
             }
         }

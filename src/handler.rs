@@ -382,10 +382,10 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     true
 }
 
-/// Applies what Redis told of its keys: a change makes the deny cache forget the key and stops
-/// the spending of its reservations until `EXISTS` (which also renews the tracking) has been
-/// answered and then a check by rid says each is still of the key's life (`crate::lease`). Lost
-/// tracking leaves reservations spendable until it can be had again, and then checks them.
+/// Applies what Redis told of its keys: a change makes the deny cache forget the key and has its
+/// reservations checked by rid, after `EXISTS` renewed the key's tracking (`crate::lease`); a
+/// key found gone, or a flush, stops their spending until then. Lost tracking leaves
+/// reservations spendable until it can be had again, and then checks them.
 fn hear_changes(mcf: &MainConf) {
     let (mut cache, mut leases) = (mcf.deny_cache.borrow_mut(), mcf.leases.borrow_mut());
     let entries = cache.as_ref().map_or(0, |c| c.len());
@@ -406,16 +406,17 @@ fn hear_changes(mcf: &MainConf) {
         }
         if let Some(leases) = leases.as_mut() {
             match f {
-                Forget::All => leases.suspect_all(now, |key| {
-                    WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
-                }),
+                Forget::All => leases
+                    .suspect_all(now, |key| WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))),
                 Forget::Unheard => leases.unverify_all(),
                 // Gone or there, the answer is about the key, not about a reservation: one
-                // granted after the reset is of the new life, and only its rid can tell.
+                // granted after a reset is of the new life, and only its rid can tell.
                 Forget::Gone(key) | Forget::Present(key) => {
-                    checks.extend(leases.checks(zones, key).into_iter().map(|c| (key.to_vec(), c)));
+                    let gone = matches!(f, Forget::Gone(_));
+                    let c = leases.checks(zones, key, gone, now);
+                    checks.extend(c.into_iter().map(|c| (key.to_vec(), c)));
                 }
-                Forget::Key(key) if leases.suspect(zones, key, now) => {
+                Forget::Key(key) if leases.changed(zones, key, now) => {
                     if !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key])) {
                         leases.revoke(zones, key);
                     }

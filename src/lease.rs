@@ -120,8 +120,8 @@ struct Held {
     /// reset was due: the headers of requests admitted from it.
     remaining: u64,
     reset_at: u64,
-    /// Redis said the key changed, and whether the reservation is still of the key's life is
-    /// being checked: not spent meanwhile, since the change may be a reset.
+    /// Not spent until a check answers: Redis told of a change this worker did not make (it
+    /// may be a reset), the key was found gone, or Redis flushed.
     suspect: bool,
     /// Redis's tracking was lost, so a reset could have gone unheard: spent while it cannot be
     /// checked (Redis counted these units; refusing them helps no one while Redis is away), and
@@ -132,8 +132,7 @@ struct Held {
     /// the reservation `unverified` (spent while Redis is silent, checked again later).
     checking_since: u64,
     /// Redis told of another change while a check was on its way: checked again once that check
-    /// has answered, without stopping the spending meanwhile (a key that every decision writes
-    /// would otherwise never be spent from: each check would meet the next change).
+    /// has answered.
     recheck: bool,
 }
 
@@ -181,6 +180,9 @@ struct Entry {
     asking_until: u64,
     /// The last request of the key: a key idle for two lives is forgotten.
     touched: u64,
+    /// Redis answered a decision of this worker for the key, which wrote it, since the key's
+    /// tracking was renewed: the next change told of is most likely that write.
+    wrote: bool,
 }
 
 impl Entry {
@@ -314,6 +316,7 @@ impl Leases {
                     log,
                     asking_until: 0,
                     touched: now,
+                    wrote: false,
                 };
                 self.map.entry(key).or_insert(entry)
             }
@@ -349,12 +352,12 @@ impl Leases {
         want
     }
 
-    /// Redis answered a decision that asked this zone's key for a reservation (granted or not):
-    /// the next request may ask again.
+    /// Redis answered a decision of this zone's key (granted or not): the next request may ask
+    /// again, and the change Redis tells of next is most likely this decision's write.
     pub fn answered(&mut self, ask: &Ask<'_>) {
         self.slot(ask.zone, &ask.key);
         if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
-            e.asking_until = 0;
+            (e.asking_until, e.wrote) = (0, true);
         }
     }
 
@@ -392,8 +395,10 @@ impl Leases {
             log,
             asking_until: 0,
             touched: started,
+            wrote: false,
         });
-        e.asking_until = 0;
+        // The handler has just renewed the key's tracking, after this decision's write.
+        (e.asking_until, e.wrote) = (0, false);
         let old = e.held.replace(held(
             grant,
             margin_ms(grant.life_ms),
@@ -459,20 +464,26 @@ impl Leases {
         }
     }
 
-    /// Redis says `key` (a whole Redis key) changed: its reservations are not spent until a
-    /// check says they are still of its life, unless one is on its way already (then they are
-    /// checked again after it). Returns whether the key's tracking is to be renewed (`EXISTS`),
-    /// which starts the check.
-    pub fn suspect(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
+    /// Redis says `key` (a whole Redis key) changed: its reservations are checked by rid, after
+    /// the key's tracking is renewed so that a later change is heard of too. A change this
+    /// worker did not make may be a reset: not spent until the check answers. One that most
+    /// likely is this worker's own decision (Redis answered one since the key's tracking was
+    /// renewed) is checked while they are spent on: every write of the key tells of a change, and a
+    /// reservation stopped at each would hardly be spent (each stop sends a decision, whose
+    /// write tells of the next change); a reset at that very moment is then found within the
+    /// check's two round trips. Returns whether the key's tracking is to be renewed (`EXISTS`),
+    /// which starts the check; a change heard during a check asks for another after it, which
+    /// does not stop the spending.
+    pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
         let mut track = false;
         for zone in 0..zones {
             self.slot(zone, &[key]);
-            let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
-            else {
-                continue;
-            };
+            let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { continue };
+            let own = core::mem::take(&mut e.wrote);
+            let Some(h) = e.held.as_mut() else { continue };
             if h.checking == Checking::No {
-                (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
+                (h.checking, h.checking_since) = (Checking::Tracking, now);
+                h.suspect |= !own;
                 track = true;
             } else {
                 h.recheck = true;
@@ -481,8 +492,10 @@ impl Leases {
         track
     }
 
-    /// The checks to send for `key` now that its tracking is renewed (`EXISTS` answered).
-    pub fn checks(&mut self, zones: usize, key: &[u8]) -> Vec<Check> {
+    /// The checks to send for `key` now that its tracking is renewed (`EXISTS` answered, `gone`
+    /// if the key was not there): one per reservation of the key being checked, and when it is
+    /// gone, one per reservation, none spent until its check answers.
+    pub fn checks(&mut self, zones: usize, key: &[u8], gone: bool, now: u64) -> Vec<Check> {
         let mut out = Vec::new();
         for zone in 0..zones {
             self.slot(zone, &[key]);
@@ -490,8 +503,9 @@ impl Leases {
             else {
                 continue;
             };
-            if h.checking == Checking::Tracking {
-                h.checking = Checking::Rid;
+            h.suspect |= gone;
+            if h.checking == Checking::Tracking || (gone && h.checking == Checking::No) {
+                (h.checking, h.checking_since) = (Checking::Rid, now);
                 out.push(Check { zone, rid: h.grant.rid });
             }
         }
@@ -528,9 +542,9 @@ impl Leases {
         }
     }
 
-    /// Anything may have changed (`FLUSHALL`): every reservation is checked as after a change
-    /// of its key, starting with its key's tracking (`track`); one whose tracking cannot be had
-    /// goes.
+    /// Anything may have changed (`FLUSHALL`): every reservation is checked as one whose key
+    /// was found gone, not spent until then, starting with its key's tracking (`track`); one
+    /// whose tracking cannot be had goes.
     pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
         for (k, e) in self.map.iter_mut() {
             let Some(h) = e.held.as_mut() else { continue };
@@ -745,43 +759,61 @@ mod tests {
 
     const KEY: &[u8] = b"rl:api:k";
 
-    fn check_of(l: &mut Leases) -> Check {
-        let c = l.checks(3, KEY);
+    fn check_of(l: &mut Leases, gone: bool) -> Check {
+        let c = l.checks(3, KEY, gone, 0);
         assert_eq!(c.len(), 1);
         c[0]
     }
 
     #[test]
-    fn a_change_stops_spending_until_a_check_of_its_rid_answers() {
+    fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_our_own() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        assert!(l.suspect(3, KEY, 0), "the key's tracking to renew");
-        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
-        let c = check_of(&mut l);
+        assert!(l.changed(3, KEY, 0), "the key's tracking to renew");
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "someone else's change: stopped");
+        let c = check_of(&mut l, false);
         assert_eq!((c.zone, c.rid), (0, 7));
-        assert!(l.checks(3, KEY).is_empty(), "one check at a time");
-        // Still of the key's life: spent again.
+        assert!(l.checks(3, KEY, false, 0).is_empty(), "one check at a time");
+        // Still of the key's life.
         assert!(!l.checked(KEY, c, Some(true), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+        // Redis answered this worker's own decision of the key: its write is the change told of.
+        l.answered(&ask(b"k", 5));
+        assert!(l.changed(3, KEY, 10));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent during that check");
+        let c = check_of(&mut l, false);
         // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
-        l.suspect(3, KEY, 0);
-        let c = check_of(&mut l);
         assert!(!l.checked(KEY, c, Some(false), 0));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         assert_eq!(l.drain(), vec![]);
     }
 
     #[test]
-    fn a_change_heard_during_a_check_is_checked_after_it_without_stopping_the_spending() {
+    fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        l.suspect(3, KEY, 0);
-        let first = check_of(&mut l);
-        // Another change before the answer (the key's own writers): not a second stop.
-        assert!(!l.suspect(3, KEY, 0));
+        l.changed(3, KEY, 0);
+        let c = check_of(&mut l, true);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+        // Granted since the reset (a stale "gone"): its rid says so, and it is spent again.
+        assert!(!l.checked(KEY, c, Some(true), 0));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+        // Found gone by another's EXISTS, no check on its way: checked too.
+        let c = check_of(&mut l, true);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+        assert!(!l.checked(KEY, c, Some(false), 0));
+        assert_eq!(l.drain(), vec![]);
+    }
+
+    #[test]
+    fn a_change_heard_during_a_check_is_checked_after_it() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.changed(3, KEY, 0);
+        let first = check_of(&mut l, false);
+        assert!(!l.changed(3, KEY, 0), "not a second check at once");
         assert!(l.checked(KEY, first, Some(true), 0), "checked again: the tracking to renew");
-        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent meanwhile");
-        let again = check_of(&mut l);
+        let again = check_of(&mut l, false);
         assert!(!l.checked(KEY, again, Some(false), 0), "that check finds a reset");
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
     }
@@ -790,28 +822,32 @@ mod tests {
     fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        l.suspect(3, KEY, 0);
-        let old = check_of(&mut l);
+        l.changed(3, KEY, 0);
+        let old = check_of(&mut l, true);
         // The key's reset is answered late: meanwhile its next life granted another.
         l.held_mut(KEY).unwrap().spent = 5;
         l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
         assert!(!l.checked(KEY, old, Some(false), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
         // No answer (Redis silent): spent while Redis cannot be asked, checked again later.
-        l.suspect(3, KEY, 0);
-        let c = check_of(&mut l);
+        l.changed(3, KEY, 0);
+        let c = check_of(&mut l, true);
         assert!(!l.checked(KEY, c, None, 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some());
-        assert_eq!(l.sweep(1000, 500).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(3, 8)]);
+        assert_eq!(
+            l.sweep(1000, 500).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(),
+            [(3, 8)]
+        );
     }
 
     #[test]
-    fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again_without_stopping() {
+    fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        assert!(l.suspect(3, KEY, 100));
+        assert!(l.changed(3, KEY, 100));
+        let _ = l.checks(3, KEY, true, 100);
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
-        // EXISTS unanswered for the whole timeout (300 ms): Redis is silent.
+        // The check unanswered for the whole timeout (300 ms): Redis is silent.
         assert_eq!(l.sweep(399, 300), vec![]);
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 399), None);
         assert_eq!(l.sweep(400, 300), vec![]);
@@ -825,7 +861,7 @@ mod tests {
         l.verify_unverified(900, |_| panic!("not within a second"));
         assert_eq!(tracked, 1);
         assert!(l.try_spend(&[ask(b"k", 1)], 450).is_some(), "a check in the background");
-        let c = check_of(&mut l);
+        let c = check_of(&mut l, false);
         assert!(!l.checked(KEY, c, Some(false), 460), "Redis back: the reservation was reset");
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 470), None);
     }
@@ -845,7 +881,7 @@ mod tests {
         });
         assert_eq!(tracked, [KEY.to_vec()]);
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "tracked again: checked meanwhile");
-        let c = check_of(&mut l);
+        let c = check_of(&mut l, false);
         assert!(!l.checked(KEY, c, Some(true), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
         l.verify_unverified(5000, |_| panic!("nothing left to check"));
@@ -859,9 +895,10 @@ mod tests {
             l.want(&a, LeaseSize::Auto, 1000, false, t);
         }
         l.granted(&a, grant(5), 0, 0, 0, false);
-        l.suspect(3, KEY, 0);
-        // Being checked: decided exactly, asking for nothing (a gcra reservation replaced by
-        // another cannot be given back).
+        l.changed(3, KEY, 0);
+        let _ = l.checks(3, KEY, true, 0);
+        // Not spent (its key was found gone): decided exactly, asking for nothing (a gcra
+        // reservation replaced by another cannot be given back).
         assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 10), 0);
         assert!(l.take_back().is_empty());
         // Over: given back ahead of the ask for the next one.

@@ -433,7 +433,11 @@ mod tests {
         assert!(s.orphans_due(600, &mut lapsed).is_empty(), "sent at once, not by the sweep");
         assert_eq!(s.orphan_answered(r, Release::Failed, 0), None);
         assert_eq!(s.orphans_due(600, &mut lapsed), vec![r], "failed: sent again");
-        assert_eq!(s.orphan_answered(r, Release::NotThere, 0), Some(2), "gone either way: released");
+        assert_eq!(
+            s.orphan_answered(r, Release::NotThere, 0),
+            Some(2),
+            "gone either way: released"
+        );
         assert!(s.is_empty());
 
         let b = s.take(3, slot(b"n"), 0);
