@@ -22,9 +22,12 @@
 --                        cost to it; limit and burst are ignored
 --   "D" (reset, a decision of its own): deletes the key, whatever it holds; remaining is 1 if
 --                        there was one, else 0
---   "G<letter>" (give-back, a decision of its own; letter l p c g q b): returns u = cost unused
---                        units of a reservation (below); limit and window as in the reserve,
---                        cost = u (1 to 10^9), burst = the reservation's token (decimal)
+--   "G<letter><rid>" (give-back, a decision of its own; letter l p c g q b): returns u = cost
+--                        unused units of the reservation rid (below); limit and window as in
+--                        the reserve, cost = u (1 to 10^9), burst = the reservation's token
+--                        (decimal)
+--   "V<rid>" (a check, a decision of its own): whether the reservation rid belongs to the key's
+--                        present life; limit and window 1, cost and burst 0. Reads only.
 -- Reservations (leases, issue 20): a zone that uses them sends its algorithm as
 -- "<letter>+<want>:<lease_ms>" (letter l p c g q b; never r, B, D), e.g. "c+50:1000"; want and
 -- lease_ms are decimal integers, want above 10^9 counts as 10^9, lease_ms above a year as a year.
@@ -57,6 +60,15 @@
 --   q  count += cost + g; the lease ends at the period's end at the latest (lease_ms answered
 --      = min(L, period end - r)). Why: a unit counted in a period is spent in that period.
 --   b  DECRBY cost + g, g <= (balance - cost)/4. Why: the balance never goes below zero.
+-- The ledger: a reservation belongs to the life of the key it was granted in. Beside each key a
+-- reserve zone writes is a sorted set in the key's slot (ledger_of), of the reservations granted
+-- in the key's present life: member rid (an integer from Redis TIME in µs, unique in the
+-- ledger), score the instant after which no give-back of it is expected (r + L + LEDGER_GRACE).
+-- A reserve zone that finds its key missing starts a new life: it deletes the ledger, as a reset
+-- ("D") and a balance set on a missing key ("B") do. So after any reset (DEL, FLUSHALL, expiry,
+-- "D") no give-back or check of a reservation of an older life finds its rid: a give-back
+-- writes nothing, a check answers 0. A key whose ledger cannot share its slot (a brace and no
+-- hash tag) is granted nothing.
 -- Give-backs write nothing when the reservation is gone (reset, expired, another period):
 --   Gl ZREM token .. token+u-1 (the holder sends m0 + units spent); Gp drops up to u entries of
 --   value token; Gc takes u from the count of bucket token (current, or previous once the key
@@ -66,8 +78,9 @@
 --   may have been pushed behind the returned ones and must not move before their arrival (at or
 --   below now: DEL, else PX to the TAT). Returning units only removes what was counted for them.
 -- A give-back is always ok and is written whatever the other zones of its decision say (as B,
--- D). Its reply: { 1, 1, remaining, 0 } (remaining 0 when unknown: g, a missing balance). Gl
--- needs ZREM, the only command leases add.
+-- D). Its reply: { 1, 1, remaining, r } (remaining 0 when unknown: g, a missing balance), r 1
+-- when the reservation was of the key's present life (its rid left the ledger), else 0 and
+-- nothing was written. A check ("V") answers { 1, 1, r, 0 }, r 1 when rid is in the ledger.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
 -- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members
@@ -99,7 +112,7 @@
 -- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
--- sent a reserve field three more: granted, lease_ms, token
+-- sent a reserve field four more: granted, lease_ms, token, rid
 --   ok        1 if the zone had room for this request's cost
 --   remaining units the zone still admits after this decision
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
@@ -113,6 +126,7 @@
 --             c the absolute index of the bucket written (that of r + L, or the later one the
 --             key held); q the period's start in ms; b 0; g (TAT ms mod 2^22) * limit + TAT
 --             remainder + 1, the TAT this reservation left, exactly (< 2^52)
+--   rid       the reservation's id in the key's ledger, for its give-back and checks; 0 if g = 0
 -- or an error for that decision alone (bad arguments, a key holding other data or figures out of
 -- range). Every value read is checked before anything is written, so a decision that fails
 -- writes nothing, and the decisions before and after it in the call stand.
@@ -144,6 +158,43 @@ local MAX_UNITS, MAX_LEASE = 1000000000, 365 * 86400000
 local RESERVED_MEMBERS = 2 ^ 52
 -- gcra: a reservation's token holds the TAT it left as (ms mod 2^22) * limit + r + 1 (< 2^52).
 local TAT_TOKEN_MOD = 4194304
+
+-- A ledger entry outlives its reservation by this long: a give-back retried while Redis was
+-- away, or sent at a reload's drain, still finds it.
+local LEDGER_GRACE = 10000
+
+-- The ledger of `key`, in its slot: after a hash tag the key's own, else one naming the whole
+-- key; nil for a key with a brace but no tag (no name beside it shares its slot).
+local function ledger_of(key)
+  local o = string.find(key, '{', 1, true)
+  if o then
+    local c = string.find(key, '}', o + 1, true)
+    if c and c > o + 1 then
+      return key .. '|lease'
+    end
+    return nil
+  end
+  if string.find(key, '}', 1, true) then
+    return nil
+  end
+  return key .. '|lease{' .. key .. '}'
+end
+
+-- A give-back "G<letter><rid>" or a check "V<rid>" as its two-letter (one for V) operation and
+-- its rid; anything else as it came.
+local function split_rid(alg)
+  if not alg then
+    return nil
+  end
+  local op, rid = string.match(alg, '^(G[lpcgqb])(%d+)$')
+  if not op then
+    op, rid = string.match(alg, '^(V)(%d+)$')
+  end
+  if op then
+    return op, rid
+  end
+  return alg, nil
+end
 
 -- An error for one decision about one key, short enough for any client's reply-line limit
 -- whatever the key's length.
@@ -257,6 +308,9 @@ end
 --   balance          s1 balance (a missing key: its default), s2 true if the key is missing
 --   give-back        s4 the value (GET), Gl: s1 the set's size, Gg: s1 ms, s2 r (the TAT)
 local s1, s2, s3, s4, s5, zone_ok = {}, {}, {}, {}, {}, {}
+-- Per zone: the key was missing (a reserve zone writing it starts a new life), and the rid of
+-- a give-back or check.
+local fresh, rids = {}, {}
 
 local replies, ndecisions = {}, 0
 local a, k = 1, 0 -- ARGV and keys already consumed
@@ -279,6 +333,8 @@ end
 -- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
 -- decisions sharing that microsecond still get distinct members.
 local time_us, seq, time_now_s = nil, 0, nil
+-- Reservations' rids given in this call, past time_us.
+local rid_seq = 0
 
 repeat
   -- Numbers go to Redis as strings: it formats every number a script passes (%.17g, a fair
@@ -325,6 +381,7 @@ repeat
       local key, alg = keys[k + i], ARGV[p]
       local limit, w, cost, burst =
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
+      alg, rids[i] = split_rid(alg)
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
       local held = alg
       if alg == 'Gn' or alg == 'Rn' then
@@ -339,7 +396,7 @@ repeat
         -- keeps its two letters as `alg`. Anything else is refused as "?".
         if #alg == 2 then
           held = string.match(alg, '^G([lpcgqb])$')
-          if not (held and burst and cost and string.match(ARGV[p + 4], '^%d+$')
+          if not (held and rids[i] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
               and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
               and (held ~= 'q' or w and w % 10 >= 1 and w % 10 <= 4 and w >= 10 and w < 28800)) then
             alg = '?'
@@ -375,7 +432,8 @@ repeat
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
           or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
             and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D' and alg ~= 'n'
-            and #alg ~= 2)
+            and alg ~= 'V' and #alg ~= 2)
+          or (alg == 'V' and not rids[i])
           or (alg == 'n' and cost > 1)
           or (alg == 'B' and w ~= 1 and w ~= 2)
           or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
@@ -384,7 +442,7 @@ repeat
         break
       end
       local ok, v
-      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl' and held ~= 'n' then
+      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl' and alg ~= 'V' and held ~= 'n' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
@@ -402,6 +460,7 @@ repeat
           result = key_error('ERR', key, 'holds a balance out of range (15 digits at most)')
           break
         end
+        fresh[i] = not v
       end
       if alg == 'l' or alg == 'r' then
         -- Sliding-window log: one sorted-set entry per admitted unit, scored by its ms. An entry
@@ -423,6 +482,7 @@ repeat
           -- One removed: the second oldest is the oldest now. More: not known yet.
           oldest = removed == 1 and tonumber(e[4]) or nil
         end
+        fresh[i] = read == 0
         -- Fewer than two read: that was the whole set.
         local used = read - removed
         if read == 2 then
@@ -487,6 +547,14 @@ repeat
         ok = cost == 0 or balance >= cost
       elseif alg == 'B' or alg == 'D' then
         ok = true
+      elseif alg == 'V' then
+        -- Anything but the ledger's own sorted set (someone else's data) answers "not there".
+        local ledger, there = ledger_of(key), false
+        if ledger then
+          local sc = pcall_redis('ZSCORE', ledger, rids[i])
+          there = type(sc) == 'string'
+        end
+        s1[i], ok = there, true
       elseif held == 'n' then
         -- Concurrency (n, Gn, Rn): lapsed slots go first, whatever the decision.
         local gone = pcall_redis('ZREMRANGEBYSCORE', key, '-inf', now_s)
@@ -566,15 +634,21 @@ repeat
         tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
       local ok, commit = zone_ok[i], allowed == 1 and cost > 0
       local remaining, reset
+      alg = split_rid(alg)
       -- A reserve zone: want (nil for the others; 0 when nothing may be granted), and what it
-      -- is granted.
-      local want, lease, grant, token = nil, 0, 0, 0
+      -- is granted; its ledger.
+      local want, lease, grant, token, ledger = nil, 0, 0, 0, nil
       if #alg > 2 then
         local want_s, lease_s
         alg, want_s, lease_s = string.match(alg, RESERVE_PATTERN)
         want, lease = min(tonumber(want_s), MAX_UNITS), min(tonumber(lease_s), MAX_LEASE)
-        if allowed == 0 then
+        ledger = ledger_of(key)
+        if allowed == 0 or not ledger then
           want = 0
+        end
+        if ledger and fresh[i] and allowed == 1 then
+          -- The key starts a new life: no reservation of an older one may touch it.
+          call('DEL', ledger)
         end
       end
       if alg == 'l' or alg == 'p' or alg == 'r' then
@@ -831,6 +905,11 @@ repeat
         remaining = max(0, balance)
         reset = 0
       elseif alg == 'B' then
+        local ledger = fresh[i] and ledger_of(key)
+        if ledger then
+          -- A balance set where there was none is a new one.
+          call('DEL', ledger)
+        end
         -- KEEPTTL and INCRBY keep credits that lapse lapsing.
         if w == 1 then
           call('SET', key, ARGV[p + 3], 'KEEPTTL')
@@ -842,6 +921,12 @@ repeat
         reset = 0
       elseif alg == 'D' then
         remaining, reset = call('DEL', key), 0
+        local ledger = ledger_of(key)
+        if ledger then
+          call('DEL', ledger)
+        end
+      elseif alg == 'V' then
+        remaining, reset = s1[i] and 1 or 0, 0
       elseif alg == 'n' or alg == 'Gn' or alg == 'Rn' then
         local used, mine, member = s1[i], s2[i], ARGV[p + 4]
         -- A renewal writes its member back even when it was gone: its request is in flight, so
@@ -869,10 +954,15 @@ repeat
           reset = 1000
         end
       elseif #alg == 2 then
-        -- A give-back of u units with its token; nothing is written if the reservation is gone.
+        -- A give-back of u units with its token; nothing is written if the reservation is gone
+        -- or of an older life of the key (its rid is not in the ledger).
         local v, u, token_in = s4[i], cost, burst
-        remaining, reset = 0, 0
-        if alg == 'Gl' then
+        local ledger = ledger_of(key)
+        local mine = ledger and pcall_redis('ZREM', ledger, rids[i]) == 1
+        remaining, reset = 0, mine and 1 or 0
+        if not mine then
+          remaining = 0
+        elseif alg == 'Gl' then
           local removed, j = 0, 0
           while j < u do
             local args, n = {}, min(u - j, ZADD_CHUNK)
@@ -1022,12 +1112,32 @@ repeat
       result[#result + 1] = remaining
       result[#result + 1] = reset
       if want then
+        local rid = 0
         if grant == 0 then
           lease, token = 0, 0
+        else
+          -- Entered in the ledger, unique there: Redis's clock in µs, one more per further
+          -- reservation of the call and per member taken. Pruned of what no give-back needs.
+          if not time_us then
+            local t = call('TIME')
+            time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+            time_now_s = format('%d', floor(time_us / 1000))
+          end
+          local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
+          if type(pruned) == 'number' then
+            local score = format('%d', now + lease + LEDGER_GRACE)
+            rid = time_us + rid_seq
+            while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
+              rid = rid + 1
+            end
+            rid_seq = rid - time_us + 1
+            call('PEXPIRE', ledger, format('%d', lease + LEDGER_GRACE))
+          end
         end
         result[#result + 1] = grant
         result[#result + 1] = lease
         result[#result + 1] = token
+        result[#result + 1] = rid
       end
     end
   until true

@@ -302,8 +302,28 @@ pub unsafe extern "C" fn merge_loc_conf(
     }
     if !inherited {
         warn_cross_slot(cf, mcf, limits);
+        warn_mixed_leases(cf, mcf, limits);
     }
     ptr::null_mut()
+}
+
+/// A request is admitted from reservations in all its zones or in none, so a location whose
+/// zones do not all lease never admits from them and reserves nothing: say so, once.
+unsafe fn warn_mixed_leases(cf: *mut ngx_conf_t, mcf: &MainConf, limits: &[LimitRef]) {
+    let (leased, plain): (Vec<&LimitRef>, Vec<&LimitRef>) =
+        limits.iter().partition(|l| mcf.zones[l.zone].lease.is_some());
+    let (Some(l), Some(p)) = (leased.first(), plain.first()) else { return };
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        (*cf).log,
+        "ratelimit zone \"{}\" has lease= but \"{}\" in the same location has not: its requests \
+         are decided exactly, without reservations; give every zone of the location lease= or \
+         none, in {}:{}",
+        l.name,
+        p.name,
+        p.file,
+        p.line
+    );
 }
 
 /// On a Cluster, zones decided together must share a slot, or each of their decisions is

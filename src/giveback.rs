@@ -19,7 +19,7 @@ use ngx::ffi::{
 };
 
 use crate::conf::MainConf;
-use crate::lease::GiveBack;
+use crate::lease::{Check, GiveBack};
 use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::quota::Period;
 use crate::redis::follow::{follow, submit, Follow, Retries};
@@ -66,10 +66,13 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     let now = ngx_current_msec as u64;
     let back = mcf.leases.borrow_mut().as_mut().map(|leases| {
         if ngx_exiting != 0 {
-            leases.drain()
-        } else {
-            leases.sweep(now)
+            return leases.drain();
         }
+        // Reservations whose key's tracking was lost are checked once it can be had again.
+        if let Some(pool) = WorkerPool::get(mcf) {
+            leases.verify_unverified(now, |key| pool.track(&[key]));
+        }
+        leases.sweep(now, mcf.redis.as_ref().map_or(0, |r| r.timeout as u64))
     });
     send(mcf, back.into_iter().flatten());
     renew(mcf, now);
@@ -114,9 +117,9 @@ fn renew(mcf: &MainConf, now: u64) {
         due
     };
     for (what, args) in due {
-        if !submit_one(mcf, what, args) {
+        if let Err(what) = submit_one(mcf, what, args) {
             // Not even queued (Redis known down): tried again at the next tick.
-            answered(mcf, what, None);
+            answered(mcf, &what, None);
         }
     }
 }
@@ -151,8 +154,8 @@ pub fn release(mcf: &MainConf, id: u64) {
             .map(|h| (orphan, EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref())))
     };
     let Some((orphan, args)) = sent else { return };
-    if !submit_one(mcf, What::Orphan { id: orphan }, args) {
-        answered(mcf, What::Orphan { id: orphan }, None);
+    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, args) {
+        answered(mcf, &what, None);
     }
     arm(mcf);
 }
@@ -160,8 +163,9 @@ pub fn release(mcf: &MainConf, id: u64) {
 std::thread_local! {
     /// Give-backs on their way, for `exit`: a worker stopped at once (`nginx -s stop`) does not
     /// wait for their replies. A worker is one thread.
-    static IN_FLIGHT: core::cell::RefCell<Vec<NonNull<Returning>>> =
-        const { core::cell::RefCell::new(Vec::new()) };
+    /// A set: a tick of thousands of orphans' releases finishes each one at its reply.
+    static IN_FLIGHT: core::cell::RefCell<std::collections::HashSet<NonNull<Returning>>> =
+        core::cell::RefCell::new(std::collections::HashSet::new());
 }
 
 /// At worker exit, after the pool has closed its connections: frees the give-backs still on
@@ -175,10 +179,11 @@ pub fn exit() {
 }
 
 /// What a decision sent without a request does.
-#[derive(Clone, Copy)]
 enum What {
     /// Returns a reservation's unspent units.
     Units { zone: usize, units: u64 },
+    /// Asks whether a reservation of `key` is still of the key's life.
+    Check { check: Check, key: Box<[u8]> },
     /// Renews the slot `id` of this worker's table.
     Renew { zone: usize, id: u64 },
     /// Releases the orphan `id`: a slot a late decision may have granted.
@@ -202,13 +207,23 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
         // A calendar quota's window field is its period, as in its decisions.
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
         let args = EncodedArgs::give_back(&g, zone.algorithm);
-        submit_one(mcf, What::Units { zone: g.zone, units: g.units }, args);
+        // Refused at once (Redis known down): the units lapse, as the guarantee allows.
+        let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, args);
     }
 }
 
-/// Queues one decision sent without a request; false if the pool refused it at once.
-fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> bool {
-    let Some(redis) = mcf.redis.as_ref() else { return false };
+/// Sends the check of a reservation of `key` after Redis said the key changed; an answer that
+/// cannot be had leaves the reservation unspent until it expires.
+pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
+    let args = EncodedArgs::check(key, c.rid);
+    if let Err(what) = submit_one(mcf, What::Check { check: c, key: key.into() }, args) {
+        answered(mcf, &what, None);
+    }
+}
+
+/// Queues one decision sent without a request; gives `what` back if the pool refused it at once.
+fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> Result<(), What> {
+    let Some(redis) = mcf.redis.as_ref() else { return Err(what) };
     let r = Box::into_raw(Box::new(Returning {
         what,
         waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
@@ -227,13 +242,12 @@ fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> bool {
         ret.ev.data = r as *mut c_void;
         ret.ev.log = (*ngx_cycle).log;
         if !submit(mcf, &mut ret.waiter, &ret.args) {
-            drop(Box::from_raw(r));
-            return false;
+            return Err(Box::from_raw(r).what);
         }
         ngx_add_timer(&mut ret.ev, redis.timeout);
-        IN_FLIGHT.with(|f| f.borrow_mut().push(NonNull::new_unchecked(r)));
+        IN_FLIGHT.with(|f| f.borrow_mut().insert(NonNull::new_unchecked(r)));
     }
-    true
+    Ok(())
 }
 
 unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
@@ -244,7 +258,7 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
         if let Some(token) = ret.waiter.token.take() {
             WorkerPool::cancel(token);
         }
-        answered(mcf, ret.what, None);
+        answered(mcf, &ret.what, None);
         return finish(NonNull::new_unchecked(r));
     }
     if ret.waiter.result.is_none() {
@@ -254,14 +268,14 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
     if let Follow::Resent = follow(mcf, &mut ret.waiter, &ret.args, &mut ret.retries) {
         return;
     }
-    answered(mcf, ret.what, ret.waiter.result.as_ref());
+    answered(mcf, &ret.what, ret.waiter.result.as_ref());
     finish(NonNull::new_unchecked(r));
 }
 
 /// Counts what Redis answered (`None`: nothing in time) and tells the slot table of renewals.
 fn answered(
     mcf: &MainConf,
-    what: What,
+    what: &What,
     result: Option<&Result<Reply, crate::redis::pool::RedisError>>,
 ) {
     let reply = match result {
@@ -269,10 +283,32 @@ fn answered(
         _ => None,
     };
     let metrics = mcf.metrics.get();
-    match what {
+    // SAFETY: the worker's cached clock, read on its only thread.
+    let now = unsafe { ngx_current_msec } as u64;
+    match *what {
         What::Units { zone, units } => {
-            if reply.is_some() {
+            // A give-back answers 1 in its reset field when its reservation was of the key's
+            // life; otherwise a reset took the units already.
+            if reply
+                .map(|r| script::decode_decision(r, 1))
+                .is_some_and(|d| d.is_ok_and(|d| d.zones[0].reset_ms == 1))
+            {
                 metrics.lease(zone, LeaseEvent::Returned, units);
+            }
+        }
+        What::Check { check, ref key } => {
+            let present = match reply.map(|r| script::decode_decision(r, 1)) {
+                Some(Ok(d)) => Some(d.zones[0].remaining == 1),
+                _ => None,
+            };
+            let mut leases = mcf.leases.borrow_mut();
+            let Some(leases) = leases.as_mut() else { return };
+            // A change heard while the check was on its way: checked again, starting with the
+            // key's tracking; where that cannot be had, the reservation goes.
+            if leases.checked(key, check, present, now)
+                && !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
+            {
+                leases.revoke(mcf.zones.len(), key);
             }
         }
         What::Renew { zone, id } => {
@@ -282,8 +318,6 @@ fn answered(
                 // Redis failed or refused: the next tick tries again, before the slot lapses.
                 _ => Renewal::Failed,
             };
-            // SAFETY: the worker's cached clock, read on its only thread.
-            let now = unsafe { ngx_current_msec } as u64;
             let found_gone = mcf
                 .slots
                 .borrow_mut()
@@ -304,7 +338,7 @@ fn answered(
                 _ => Release::Failed,
             };
             let released =
-                mcf.slots.borrow_mut().as_mut().and_then(|s| s.orphan_answered(id, answer));
+                mcf.slots.borrow_mut().as_mut().and_then(|s| s.orphan_answered(id, answer, now));
             if let Some(zone) = released {
                 metrics.slot(zone, SlotEvent::Released);
             }
@@ -321,6 +355,6 @@ unsafe fn finish(r: NonNull<Returning>) {
     if ret.ev.posted() != 0 {
         ngx_delete_posted_event(&mut ret.ev);
     }
-    IN_FLIGHT.with(|f| f.borrow_mut().retain(|&p| p != r));
+    IN_FLIGHT.with(|f| f.borrow_mut().remove(&r));
     drop(Box::from_raw(r.as_ptr()));
 }

@@ -382,18 +382,22 @@ unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     true
 }
 
-/// Applies what Redis told of its keys: a change makes the deny cache forget the key and stops
-/// the spending of its reservations until `EXISTS` (which also renews the tracking) says it is
-/// still there; a key gone (reset) or lost tracking drops reservations, whose units Redis no
-/// longer counts.
+/// Applies what Redis told of its keys: a change makes the deny cache forget the key and has its
+/// reservations checked by rid, after `EXISTS` renewed the key's tracking (`crate::lease`); a
+/// key found gone, or a flush, stops their spending until then. Lost tracking leaves
+/// reservations spendable until it can be had again, and then checks them.
 fn hear_changes(mcf: &MainConf) {
     let (mut cache, mut leases) = (mcf.deny_cache.borrow_mut(), mcf.leases.borrow_mut());
     let entries = cache.as_ref().map_or(0, |c| c.len());
     let zones = mcf.zones.len();
+    // Sent once the tables are let go: a check the pool refuses is answered at once.
+    let mut checks = Vec::new();
+    // SAFETY: the worker's cached clock, read on its only thread.
+    let now = unsafe { ngx_current_msec } as u64;
     invalidation::drain(|f| {
         if let Some(cache) = cache.as_mut() {
             match f {
-                Forget::All => cache.clear(),
+                Forget::All | Forget::Unheard => cache.clear(),
                 Forget::Key(key) | Forget::Gone(key) => {
                     (0..zones).for_each(|zone| cache.forget(zone, &[key]))
                 }
@@ -402,12 +406,17 @@ fn hear_changes(mcf: &MainConf) {
         }
         if let Some(leases) = leases.as_mut() {
             match f {
-                Forget::All => leases.revoke_all(),
-                Forget::Gone(key) => leases.revoke(zones, key),
-                Forget::Present(key) => {
-                    leases.suspect(zones, key, false);
+                Forget::All => leases
+                    .suspect_all(now, |key| WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))),
+                Forget::Unheard => leases.unverify_all(),
+                // Gone or there, the answer is about the key, not about a reservation: one
+                // granted after a reset is of the new life, and only its rid can tell.
+                Forget::Gone(key) | Forget::Present(key) => {
+                    let gone = matches!(f, Forget::Gone(_));
+                    let c = leases.checks(zones, key, gone, now);
+                    checks.extend(c.into_iter().map(|c| (key.to_vec(), c)));
                 }
-                Forget::Key(key) if leases.suspect(zones, key, true) => {
+                Forget::Key(key) if leases.changed(zones, key, now) => {
                     if !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key])) {
                         leases.revoke(zones, key);
                     }
@@ -419,6 +428,8 @@ fn hear_changes(mcf: &MainConf) {
     if let Some(cache) = cache.as_ref() {
         mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);
     }
+    drop((cache, leases));
+    checks.into_iter().for_each(|(key, c)| giveback::check(mcf, &key, c));
 }
 
 /// `lease=`: admits the request from this worker's reservations when every zone has the units,
@@ -427,13 +438,17 @@ unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut leases = mcf.leases.borrow_mut();
     let leases = leases.get_or_insert_with(|| Leases::new(LEASE_ENTRIES));
     let now = ngx_current_msec as u64;
+    // A request is admitted from reservations in all its zones or in none, so a location with a
+    // zone that does not lease never admits from them: its zones are decided exactly
+    // (`nginx -t` warns of it).
+    if !ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some()) {
+        return false;
+    }
     let asks: Vec<Ask<'_>> = ctx.zones.iter().map(ZoneReq::ask).collect();
-    if ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some()) {
-        if let Some(deciding) = leases.try_spend(&asks, now) {
-            ctx.quota = Some(deciding);
-            ctx.status = Status::PassedLease;
-            return true;
-        }
+    if let Some(deciding) = leases.try_spend(&asks, now) {
+        ctx.quota = Some(deciding);
+        ctx.status = Status::PassedLease;
+        return true;
     }
     drop(asks);
     for i in 0..ctx.zones.len() {
@@ -444,6 +459,8 @@ unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
         let want = (life > 0).then(|| leases.want(&ctx.zones[i].ask(), conf.size, life, log, now));
         ctx.zones[i].lease = want.map(|w| (w, life));
     }
+    // Expired reservations of these keys go back ahead of the decision, in the same call.
+    giveback::send(mcf, leases.take_back());
     // The sweep also forgets idle keys' demand: without it a table filled by keys seen a few
     // times each would stay full, and every new key be decided exactly.
     if !leases.is_empty() {

@@ -5,7 +5,10 @@
 //!
 //! Redis records reserved units as used until the latest instant they may be spent (the script's
 //! time plus the reservation's life), so the limit holds whoever spends them and when: see
-//! `lua/decide.lua`. This side must only never spend a unit after that instant. It measures the
+//! `lua/decide.lua`. A reservation belongs to the life of its key it was granted in: Redis names
+//! it with a rid in the key's ledger, which a reset empties, so its give-back and the check after
+//! a change name that rid and can never touch a newer life of the key, whatever order the
+//! answers come in. This side must only never spend a unit after that instant. It measures the
 //! life from the moment the request that asked was *started* (before Redis ran the script), on the
 //! worker's monotonic clock, and stops [`margin_ms`] early: nginx's cached clock can lag the real
 //! one by an event-loop iteration, and two machines' clocks may run at slightly different rates.
@@ -46,18 +49,23 @@ impl LeaseConf {
 /// keys seen twice were mostly given back).
 const AUTO_MIN_UNITS: u64 = 4;
 
+/// How often reservations that could not be checked are tried again.
+const RECHECK_MS: u64 = 1000;
+
 /// How much earlier than Redis's end of a reservation this worker stops spending it.
 pub fn margin_ms(life_ms: u64) -> u64 {
     (life_ms / 50).max(10)
 }
 
 /// What Redis granted with a decision: `units` recorded as used until `life_ms` after the
-/// script ran; `token` names them for a give-back (`lua/decide.lua`).
+/// script ran; `token` names them for a give-back, `rid` the reservation in the key's ledger
+/// (`lua/decide.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Grant {
     pub units: u64,
     pub life_ms: u64,
     pub token: u64,
+    pub rid: u64,
 }
 
 /// Units to return to Redis: a `G` decision of `lua/decide.lua`.
@@ -69,8 +77,27 @@ pub struct GiveBack {
     pub units: u64,
     /// Names the unspent units: for the log the first unspent member, else the grant's token.
     pub token: u64,
+    /// The reservation in the key's ledger: units of another life of the key are not returned.
+    pub rid: u64,
     pub limit: u64,
     pub window_ms: u64,
+}
+
+/// A reservation to check after Redis said its key changed: whether `rid` is still of the key's
+/// present life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    pub zone: usize,
+    pub rid: u64,
+}
+
+/// Where the check of a reservation is, after Redis said its key changed: `EXISTS` renews the
+/// key's tracking first, so that a change after the check is heard of; then the check by rid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checking {
+    No,
+    Tracking,
+    Rid,
 }
 
 /// The figures a request decides a zone with; a reservation serves only requests with the same
@@ -93,14 +120,33 @@ struct Held {
     /// reset was due: the headers of requests admitted from it.
     remaining: u64,
     reset_at: u64,
-    /// Redis said the key changed, and whether it is still there is being checked: not spent
-    /// meanwhile, since the change may be a reset.
+    /// Not spent until a check answers: Redis told of a change this worker did not make (it
+    /// may be a reset), the key was found gone, or Redis flushed.
     suspect: bool,
+    /// Redis's tracking was lost, so a reset could have gone unheard: spent while it cannot be
+    /// checked (Redis counted these units; refusing them helps no one while Redis is away), and
+    /// checked as soon as the tracking is back.
+    unverified: bool,
+    checking: Checking,
+    /// When the check on its way started: one Redis has not answered within `timeout` leaves
+    /// the reservation `unverified` (spent while Redis is silent, checked again later).
+    checking_since: u64,
+    /// Redis told of another change while a check was on its way: checked again once that check
+    /// has answered.
+    recheck: bool,
 }
 
 impl Held {
     fn left(&self) -> u64 {
         self.grant.units - self.spent
+    }
+
+    /// Redis did not answer a check: while it cannot be asked, the reservation is spent (Redis
+    /// counted its units; a reset that came just before Redis fell silent is the one thing that
+    /// goes unchecked meanwhile), and it is checked again later.
+    fn give_up_check(&mut self) {
+        (self.checking, self.recheck, self.suspect, self.unverified) =
+            (Checking::No, false, false, true);
     }
 
     fn give_back(&self, zone: usize, key: &[u8], algorithm_is_log: bool) -> Option<GiveBack> {
@@ -110,6 +156,7 @@ impl Held {
             units: self.left(),
             // The log's reserved members are consecutive from the token; the spent ones first.
             token: if algorithm_is_log { self.grant.token + self.spent } else { self.grant.token },
+            rid: self.grant.rid,
             limit: self.figures.limit,
             window_ms: self.figures.window_ms,
         })
@@ -133,6 +180,9 @@ struct Entry {
     asking_until: u64,
     /// The last request of the key: a key idle for two lives is forgotten.
     touched: u64,
+    /// Redis answered a decision of this worker for the key, which wrote it, since the key's
+    /// tracking was renewed: the next change told of is most likely that write.
+    wrote: bool,
 }
 
 impl Entry {
@@ -169,11 +219,25 @@ pub struct Leases {
     map: HashMap<Box<[u8]>, Entry>,
     capacity: usize,
     scratch: Vec<u8>,
+    /// Expired reservations met by [`Leases::want`], to give back before the decision that asks
+    /// for the next one: in the same call, ahead of it, a `gcra` give-back still finds the TAT
+    /// it left.
+    back: Vec<GiveBack>,
+    /// Some reservation is `unverified`, to be checked from `verify_at` on.
+    unverified: bool,
+    verify_at: u64,
 }
 
 impl Leases {
     pub fn new(capacity: usize) -> Self {
-        Leases { map: HashMap::new(), capacity: capacity.max(1), scratch: Vec::new() }
+        Leases {
+            map: HashMap::new(),
+            capacity: capacity.max(1),
+            scratch: Vec::new(),
+            back: Vec::new(),
+            unverified: false,
+            verify_at: 0,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -252,6 +316,7 @@ impl Leases {
                     log,
                     asking_until: 0,
                     touched: now,
+                    wrote: false,
                 };
                 self.map.entry(key).or_insert(entry)
             }
@@ -263,6 +328,17 @@ impl Leases {
         e.now_units += ask.cost;
         if now < e.asking_until {
             return 0;
+        }
+        if let Some(h) = e.held {
+            if now < h.until && h.figures == ask.figures {
+                // Still held (being checked, or short of this request's cost): a new grant would
+                // replace it, and a replaced `gcra` reservation cannot be given back once the
+                // new one moved the TAT. It is spent again once checked.
+                return 0;
+            }
+            // Over, or for other figures: back first, in the same call as the next ask.
+            self.back.extend(h.give_back(ask.zone, &flat_key(&self.scratch), log));
+            e.held = None;
         }
         let want = match size {
             LeaseSize::Fixed(n) => n,
@@ -276,12 +352,12 @@ impl Leases {
         want
     }
 
-    /// Redis answered a decision that asked this zone's key for a reservation (granted or not):
-    /// the next request may ask again.
+    /// Redis answered a decision of this zone's key (granted or not): the next request may ask
+    /// again, and the change Redis tells of next is most likely this decision's write.
     pub fn answered(&mut self, ask: &Ask<'_>) {
         self.slot(ask.zone, &ask.key);
         if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
-            e.asking_until = 0;
+            (e.asking_until, e.wrote) = (0, true);
         }
     }
 
@@ -319,8 +395,10 @@ impl Leases {
             log,
             asking_until: 0,
             touched: started,
+            wrote: false,
         });
-        e.asking_until = 0;
+        // The handler has just renewed the key's tracking, after this decision's write.
+        (e.asking_until, e.wrote) = (0, false);
         let old = e.held.replace(held(
             grant,
             margin_ms(grant.life_ms),
@@ -332,14 +410,22 @@ impl Leases {
         old.and_then(|h| h.give_back(ask.zone, &flat_key(&key), log))
     }
 
-    /// Reservations whose time is up give back what is left; keys idle for two lives are
-    /// forgotten.
-    pub fn sweep(&mut self, now: u64) -> Vec<GiveBack> {
+    /// Reservations whose time is up give back what is left; checks Redis has not answered
+    /// within `timeout_ms` are given up (the reservation `unverified`); keys idle for two lives
+    /// are forgotten.
+    pub fn sweep(&mut self, now: u64, timeout_ms: u64) -> Vec<GiveBack> {
         let mut out = Vec::new();
+        let mut unverified = false;
         self.map.retain(|k, e| {
             if let Some(h) = e.held.filter(|h| now >= h.until) {
                 out.extend(h.give_back(zone_of(k), &flat_key(k), e.log));
                 e.held = None;
+            }
+            if let Some(h) = e.held.as_mut() {
+                if h.checking != Checking::No && now >= h.checking_since + timeout_ms {
+                    h.give_up_check();
+                }
+                unverified |= h.unverified;
             }
             if e.idle(now) {
                 return false;
@@ -347,6 +433,7 @@ impl Leases {
             e.roll(now);
             true
         });
+        self.unverified = unverified;
         out
     }
 
@@ -361,8 +448,13 @@ impl Leases {
         out
     }
 
-    /// Redis says `key` (a whole Redis key) is gone (reset, `FLUSHALL`, expired): reservations
-    /// of it in any of `zones` zones are dropped, nothing given back.
+    /// The give-backs [`Leases::want`] set aside, to send before the decision.
+    pub fn take_back(&mut self) -> Vec<GiveBack> {
+        core::mem::take(&mut self.back)
+    }
+
+    /// Reservations of `key` (a whole Redis key) in any of `zones` zones are dropped, nothing
+    /// given back: whether they are still of the key's life cannot be checked.
     pub fn revoke(&mut self, zones: usize, key: &[u8]) {
         for zone in 0..zones {
             self.slot(zone, &[key]);
@@ -372,25 +464,132 @@ impl Leases {
         }
     }
 
-    /// Redis says `key` (a whole Redis key) changed, or that it is still there after a change:
-    /// its reservations are not spent until it is known not to be a reset. Returns whether any
-    /// zone holds one (to be checked).
-    pub fn suspect(&mut self, zones: usize, key: &[u8], suspect: bool) -> bool {
-        let mut held = false;
+    /// Redis says `key` (a whole Redis key) changed: its reservations are checked by rid, after
+    /// the key's tracking is renewed so that a later change is heard of too. A change this
+    /// worker did not make may be a reset: not spent until the check answers. One that most
+    /// likely is this worker's own decision (Redis answered one since the key's tracking was
+    /// renewed) is checked while they are spent on: every write of the key tells of a change, and a
+    /// reservation stopped at each would hardly be spent (each stop sends a decision, whose
+    /// write tells of the next change); a reset at that very moment is then found within the
+    /// check's two round trips. Returns whether the key's tracking is to be renewed (`EXISTS`),
+    /// which starts the check; a change heard during a check asks for another after it, which
+    /// does not stop the spending.
+    pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
+        let mut track = false;
         for zone in 0..zones {
             self.slot(zone, &[key]);
-            if let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
-            {
-                h.suspect = suspect;
-                held = true;
+            let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { continue };
+            let own = core::mem::take(&mut e.wrote);
+            let Some(h) = e.held.as_mut() else { continue };
+            if h.checking == Checking::No {
+                (h.checking, h.checking_since) = (Checking::Tracking, now);
+                h.suspect |= !own;
+                track = true;
+            } else {
+                h.recheck = true;
             }
         }
-        held
+        track
     }
 
-    /// Every reservation dropped (Redis's tracking lost: a reset could go unheard).
-    pub fn revoke_all(&mut self) {
-        self.map.values_mut().for_each(|e| e.held = None);
+    /// The checks to send for `key` now that its tracking is renewed (`EXISTS` answered, `gone`
+    /// if the key was not there): one per reservation of the key being checked, and when it is
+    /// gone, one per reservation, none spent until its check answers.
+    pub fn checks(&mut self, zones: usize, key: &[u8], gone: bool, now: u64) -> Vec<Check> {
+        let mut out = Vec::new();
+        for zone in 0..zones {
+            self.slot(zone, &[key]);
+            let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
+            else {
+                continue;
+            };
+            h.suspect |= gone;
+            if h.checking == Checking::Tracking || (gone && h.checking == Checking::No) {
+                (h.checking, h.checking_since) = (Checking::Rid, now);
+                out.push(Check { zone, rid: h.grant.rid });
+            }
+        }
+        out
+    }
+
+    /// Redis answered a check of `key` (`None`: it did not): a reservation still of the key's
+    /// life is spent again, one of an older life dropped without a give-back (Redis no longer
+    /// counts its units). An answer about another reservation (one replaced since) is ignored.
+    /// Returns whether the key's tracking is to be renewed for the check again that a change
+    /// heard meanwhile asks for.
+    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>, now: u64) -> bool {
+        self.slot(c.zone, &[key]);
+        let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return false };
+        let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return false };
+        if h.checking != Checking::Rid {
+            return false;
+        }
+        match present {
+            Some(true) => {
+                (h.suspect, h.unverified) = (false, false);
+                h.checking = if h.recheck { Checking::Tracking } else { Checking::No };
+                h.checking_since = now;
+                core::mem::take(&mut h.recheck)
+            }
+            Some(false) => {
+                e.held = None;
+                false
+            }
+            None => {
+                h.give_up_check();
+                false
+            }
+        }
+    }
+
+    /// Anything may have changed (`FLUSHALL`): every reservation is checked as one whose key
+    /// was found gone, not spent until then, starting with its key's tracking (`track`); one
+    /// whose tracking cannot be had goes.
+    pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+        for (k, e) in self.map.iter_mut() {
+            let Some(h) = e.held.as_mut() else { continue };
+            if h.checking != Checking::No {
+                h.recheck = true;
+            } else if track(&k[ZONE_LEN..]) {
+                (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
+            } else {
+                e.held = None;
+            }
+        }
+    }
+
+    /// Redis's tracking was lost: a reset could go unheard from now on. Reservations stay
+    /// spendable while the tracking cannot be had, and are checked once it can.
+    pub fn unverify_all(&mut self) {
+        for h in self.map.values_mut().filter_map(|e| e.held.as_mut()) {
+            h.unverified = true;
+            self.unverified = true;
+        }
+    }
+
+    /// Checks the reservations the tracking was lost for (or whose check Redis did not answer),
+    /// where `track` (renewing a key's tracking, false while it cannot) says it can be had:
+    /// spent on meanwhile, as they were while unchecked, and dropped if the check finds them of
+    /// an older life. At most once per [`RECHECK_MS`], so that a silent Redis is not asked every
+    /// tick.
+    pub fn verify_unverified(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+        if !self.unverified || now < self.verify_at {
+            return;
+        }
+        self.verify_at = now + RECHECK_MS;
+        let mut left = false;
+        for (k, e) in self.map.iter_mut() {
+            let Some(h) = e.held.as_mut().filter(|h| h.unverified && h.checking == Checking::No)
+            else {
+                continue;
+            };
+            if track(&k[ZONE_LEN..]) {
+                (h.checking, h.checking_since) = (Checking::Tracking, now);
+            } else {
+                left = true;
+            }
+        }
+        self.unverified = left;
     }
 }
 
@@ -410,6 +609,18 @@ fn held(
         remaining,
         reset_at: started + reset_ms,
         suspect: false,
+        unverified: false,
+        checking: Checking::No,
+        checking_since: 0,
+        recheck: false,
+    }
+}
+
+#[cfg(test)]
+impl Leases {
+    fn held_mut(&mut self, key: &[u8]) -> Option<&mut Held> {
+        self.slot(0, &[key]);
+        self.map.get_mut(self.scratch.as_slice())?.held.as_mut()
     }
 }
 
@@ -436,7 +647,7 @@ mod tests {
     }
 
     fn grant(units: u64) -> Grant {
-        Grant { units, life_ms: 1000, token: 500 }
+        Grant { units, life_ms: 1000, token: 500, rid: 7 }
     }
 
     #[test]
@@ -523,8 +734,8 @@ mod tests {
         l.granted(&a, grant(5), 0, 0, 0, true);
         l.try_spend(&[ask(b"k", 1)], 10).unwrap();
         l.try_spend(&[ask(b"k", 1)], 10).unwrap();
-        assert_eq!(l.sweep(500), vec![]);
-        let back = l.sweep(980);
+        assert_eq!(l.sweep(500, 500), vec![]);
+        let back = l.sweep(980, 500);
         // The log names the unspent members: the token plus the two spent.
         assert_eq!(
             back,
@@ -533,11 +744,12 @@ mod tests {
                 key: b"rl:api:k".to_vec(),
                 units: 3,
                 token: 502,
+                rid: 7,
                 limit: 100,
                 window_ms: 60_000
             }]
         );
-        assert_eq!(l.sweep(990), vec![]);
+        assert_eq!(l.sweep(990, 500), vec![]);
         l.granted(&a, grant(4), 1000, 0, 0, false);
         let old = l.granted(&a, grant(4), 1100, 0, 0, false).unwrap();
         assert_eq!((old.units, old.token), (4, 500));
@@ -545,19 +757,155 @@ mod tests {
         assert!(l.is_empty());
     }
 
+    const KEY: &[u8] = b"rl:api:k";
+
+    fn check_of(l: &mut Leases, gone: bool) -> Check {
+        let c = l.checks(3, KEY, gone, 0);
+        assert_eq!(c.len(), 1);
+        c[0]
+    }
+
     #[test]
-    fn a_reset_key_drops_its_reservations_without_giving_back() {
+    fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_our_own() {
         let mut l = Leases::new(10);
         l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-        // Changed: not spent until known to be there still.
-        assert!(l.suspect(3, b"rl:api:k", true));
-        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
-        assert!(l.suspect(3, b"rl:api:k", false));
+        assert!(l.changed(3, KEY, 0), "the key's tracking to renew");
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "someone else's change: stopped");
+        let c = check_of(&mut l, false);
+        assert_eq!((c.zone, c.rid), (0, 7));
+        assert!(l.checks(3, KEY, false, 0).is_empty(), "one check at a time");
+        // Still of the key's life.
+        assert!(!l.checked(KEY, c, Some(true), 0));
         assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
-        l.revoke(3, b"rl:api:k");
-        assert!(!l.suspect(3, b"rl:api:k", false));
+        // Redis answered this worker's own decision of the key: its write is the change told of.
+        l.answered(&ask(b"k", 5));
+        assert!(l.changed(3, KEY, 10));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent during that check");
+        let c = check_of(&mut l, false);
+        // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
+        assert!(!l.checked(KEY, c, Some(false), 0));
         assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
         assert_eq!(l.drain(), vec![]);
+    }
+
+    #[test]
+    fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.changed(3, KEY, 0);
+        let c = check_of(&mut l, true);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+        // Granted since the reset (a stale "gone"): its rid says so, and it is spent again.
+        assert!(!l.checked(KEY, c, Some(true), 0));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+        // Found gone by another's EXISTS, no check on its way: checked too.
+        let c = check_of(&mut l, true);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+        assert!(!l.checked(KEY, c, Some(false), 0));
+        assert_eq!(l.drain(), vec![]);
+    }
+
+    #[test]
+    fn a_change_heard_during_a_check_is_checked_after_it() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.changed(3, KEY, 0);
+        let first = check_of(&mut l, false);
+        assert!(!l.changed(3, KEY, 0), "not a second check at once");
+        assert!(l.checked(KEY, first, Some(true), 0), "checked again: the tracking to renew");
+        let again = check_of(&mut l, false);
+        assert!(!l.checked(KEY, again, Some(false), 0), "that check finds a reset");
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    }
+
+    #[test]
+    fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.changed(3, KEY, 0);
+        let old = check_of(&mut l, true);
+        // The key's reset is answered late: meanwhile its next life granted another.
+        l.held_mut(KEY).unwrap().spent = 5;
+        l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
+        assert!(!l.checked(KEY, old, Some(false), 0));
+        assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
+        // No answer (Redis silent): spent while Redis cannot be asked, checked again later.
+        l.changed(3, KEY, 0);
+        let c = check_of(&mut l, true);
+        assert!(!l.checked(KEY, c, None, 0));
+        assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some());
+        assert_eq!(
+            l.sweep(1000, 500).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(),
+            [(3, 8)]
+        );
+    }
+
+    #[test]
+    fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        assert!(l.changed(3, KEY, 100));
+        let _ = l.checks(3, KEY, true, 100);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+        // The check unanswered for the whole timeout (300 ms): Redis is silent.
+        assert_eq!(l.sweep(399, 300), vec![]);
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 399), None);
+        assert_eq!(l.sweep(400, 300), vec![]);
+        assert!(l.try_spend(&[ask(b"k", 1)], 400).is_some(), "spent while Redis is silent");
+        // Tried again, spent meanwhile; at most once a second.
+        let mut tracked = 0;
+        l.verify_unverified(400, |_| {
+            tracked += 1;
+            true
+        });
+        l.verify_unverified(900, |_| panic!("not within a second"));
+        assert_eq!(tracked, 1);
+        assert!(l.try_spend(&[ask(b"k", 1)], 450).is_some(), "a check in the background");
+        let c = check_of(&mut l, false);
+        assert!(!l.checked(KEY, c, Some(false), 460), "Redis back: the reservation was reset");
+        assert_eq!(l.try_spend(&[ask(b"k", 1)], 470), None);
+    }
+
+    #[test]
+    fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
+        let mut l = Leases::new(10);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+        l.unverify_all();
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
+        l.verify_unverified(0, |_| false);
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "still no tracking");
+        let mut tracked = Vec::new();
+        l.verify_unverified(1000, |k| {
+            tracked.push(k.to_vec());
+            true
+        });
+        assert_eq!(tracked, [KEY.to_vec()]);
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "tracked again: checked meanwhile");
+        let c = check_of(&mut l, false);
+        assert!(!l.checked(KEY, c, Some(true), 0));
+        assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+        l.verify_unverified(5000, |_| panic!("nothing left to check"));
+    }
+
+    #[test]
+    fn a_held_reservation_is_not_replaced_and_an_expired_one_goes_back_before_the_next_ask() {
+        let mut l = Leases::new(10);
+        let a = ask(b"k", 1);
+        for t in 0..5 {
+            l.want(&a, LeaseSize::Auto, 1000, false, t);
+        }
+        l.granted(&a, grant(5), 0, 0, 0, false);
+        l.changed(3, KEY, 0);
+        let _ = l.checks(3, KEY, true, 0);
+        // Not spent (its key was found gone): decided exactly, asking for nothing (a gcra
+        // reservation replaced by another cannot be given back).
+        assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 10), 0);
+        assert!(l.take_back().is_empty());
+        // Over: given back ahead of the ask for the next one.
+        assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 980), 9);
+        assert_eq!(l.take_back().iter().map(|g| g.units).collect::<Vec<_>>(), [5]);
+        assert!(l.take_back().is_empty());
+        assert_eq!(l.sweep(990, 500), vec![], "not twice");
     }
 
     #[test]
@@ -572,10 +920,10 @@ mod tests {
         assert_eq!(l.len(), 2);
         // Idle keys leave after two lives, making room, swept every 100 ms as the timer does.
         for t in (100..2000).step_by(100) {
-            assert_eq!(l.sweep(t), vec![]);
+            assert_eq!(l.sweep(t, 500), vec![]);
             assert_eq!(l.len(), 2, "at {t}");
         }
-        assert_eq!(l.sweep(2000), vec![]);
+        assert_eq!(l.sweep(2000, 500), vec![]);
         assert!(l.is_empty());
     }
 }

@@ -291,11 +291,20 @@ impl EncodedArgs {
         EncodedArgs { bytes, keys_len, zones: count, leased }
     }
 
-    /// A decision of its own that returns a reservation's unspent units (`G<letter>`).
+    /// A decision of its own that returns a reservation's unspent units (`G<letter><rid>`).
     pub fn give_back(g: &GiveBack, algorithm: Algorithm) -> Self {
-        let mut digits = [0u8; 20];
+        let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let token = resp::fmt_u64(g.token, &mut digits);
-        Self::one_zone(&g.key, &[b'G', algorithm.code()[0]], g.limit, g.window_ms, g.units, token)
+        let op = rid_op(&mut op, &[b'G', algorithm.code()[0]], g.rid);
+        Self::one_zone(&g.key, op, g.limit, g.window_ms, g.units, token)
+    }
+
+    /// A decision of its own that asks whether the reservation `rid` is still of the present
+    /// life of `key` (`V<rid>`): it reads only.
+    pub fn check(key: &[u8], rid: u64) -> Self {
+        let mut op = [0u8; 21];
+        let op = rid_op(&mut op, b"V", rid);
+        Self::one_zone(key, op, 1, 1, 0, b"0")
     }
 
     /// A concurrency slot's release (`Gn`) or renewal (`Rn`), a decision of its own.
@@ -366,6 +375,15 @@ pub struct SlotRef<'a> {
     pub member: &'a [u8],
 }
 
+/// `head` followed by the digits of `rid`, in `buf`.
+fn rid_op<'a>(buf: &'a mut [u8], head: &[u8], rid: u64) -> &'a [u8] {
+    let mut digits = [0u8; 20];
+    let rid = resp::fmt_u64(rid, &mut digits);
+    buf[..head.len()].copy_from_slice(head);
+    buf[head.len()..head.len() + rid.len()].copy_from_slice(rid);
+    &buf[..head.len() + rid.len()]
+}
+
 /// What one zone said about a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZoneVerdict {
@@ -422,13 +440,13 @@ pub fn decode_reply(reply: &Reply, args: &EncodedArgs) -> Result<Decision, Reply
     decode_args_reply(reply, args.zones, |i| args.leased(i))
 }
 
-/// A zone that asked for a reservation answers six fields, the others three.
+/// A zone that asked for a reservation answers seven fields, the others three.
 fn decode_args_reply(
     reply: &Reply,
     zones: usize,
     leased: impl Fn(usize) -> bool,
 ) -> Result<Decision, ReplyError> {
-    let len = 1 + (0..zones).map(|z| if leased(z) { 6 } else { 3 }).sum::<usize>();
+    let len = 1 + (0..zones).map(|z| if leased(z) { 7 } else { 3 }).sum::<usize>();
     let items = match reply {
         Reply::Error(msg) if msg.starts_with(b"NOSCRIPT") => return Err(ReplyError::NoScript),
         Reply::Error(msg) => return Err(ReplyError::Redis(String::from_utf8_lossy(msg).into())),
@@ -455,8 +473,13 @@ fn decode_args_reply(
             };
             at += 3;
             if leased(z) {
-                v.grant = Grant { units: int(at)?, life_ms: int(at + 1)?, token: int(at + 2)? };
-                at += 3;
+                v.grant = Grant {
+                    units: int(at)?,
+                    life_ms: int(at + 1)?,
+                    token: int(at + 2)?,
+                    rid: int(at + 3)?,
+                };
+                at += 4;
             }
             Ok(v)
         })
@@ -533,7 +556,7 @@ mod tests {
     }
 
     #[test]
-    fn a_zone_asking_for_a_reservation_names_it_in_its_algorithm_field_and_gets_six_fields() {
+    fn a_zone_asking_for_a_reservation_names_it_in_its_algorithm_field_and_gets_seven_fields() {
         let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 1);
         z.lease = Some((50, 1000));
         let plain = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::Gcra, 1);
@@ -557,8 +580,8 @@ mod tests {
                 "7",
             ],
         );
-        let d = decode_reply(&ints(&[1, 1, 40, 900, 10, 1000, 77, 1, 5, 600]), &args).unwrap();
-        assert_eq!(d.zones[0].grant, Grant { units: 10, life_ms: 1000, token: 77 });
+        let d = decode_reply(&ints(&[1, 1, 40, 900, 10, 1000, 77, 99, 1, 5, 600]), &args).unwrap();
+        assert_eq!(d.zones[0].grant, Grant { units: 10, life_ms: 1000, token: 77, rid: 99 });
         assert_eq!((d.zones[1].remaining, d.zones[1].grant), (5, Grant::default()));
         // Three fields for the reserving zone: not the script's answer.
         assert_eq!(
@@ -574,11 +597,15 @@ mod tests {
             key: b"rl:api:a".to_vec(),
             units: 3,
             token: 1234,
+            rid: 1_700_000_000_123_456,
             limit: 100,
             window_ms: 60_000,
         };
         let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
-        assert_call(&args, &["1", "rl:api:a", "", "Gl", "100", "60000", "3", "1234"]);
+        let op = "Gl1700000000123456";
+        assert_call(&args, &["1", "rl:api:a", "", op, "100", "60000", "3", "1234"]);
+        let check = EncodedArgs::check(b"rl:api:a", u64::MAX);
+        assert_call(&check, &["1", "rl:api:a", "", "V18446744073709551615", "1", "1", "0", "0"]);
     }
 
     #[test]

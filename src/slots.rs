@@ -10,10 +10,12 @@
 //!
 //! A decision Redis may run after its request stopped waiting for it (the client went away
 //! while it was on the wire, its deadline passed, its connection was lost) can grant a slot no
-//! one holds. Its members are kept as *orphans*: the sweep sends their release every tick until
-//! Redis says it removed the member, or for one slot life (a slot granted later than that
-//! lapses by itself no later than a life after Redis ran the decision; until then it only
-//! takes room, never gives too much).
+//! one holds. Its members are kept as *orphans*: the sweep sends their release until Redis says
+//! it removed the member, or for one slot life (a slot granted later than that lapses by itself
+//! no later than a life after Redis ran the decision; until then it only takes room, never gives
+//! too much). Each "not there" doubles the wait before the next release, from one tick: a late
+//! decision most often runs within a tick or two or not at all, and a Redis that just came back
+//! must not be asked thousands of times a second about members it has never seen.
 
 use std::collections::HashMap;
 
@@ -31,6 +33,10 @@ pub const MIN_SLOT_MS: u64 = 1000;
 
 /// The most orphans a worker keeps; beyond, their slots (if Redis grants them) lapse.
 const MAX_ORPHANS: usize = 10_000;
+
+/// An orphan's release after the first "not there" waits this long, then twice as long each
+/// time (the sweep's tick).
+const ORPHAN_FIRST_WAIT: u64 = 100;
 
 /// The shortest slot life that leaves a renewal which takes the whole `timeout` (ms) and fails
 /// time for the next one: due a third of a life after the last, sent at the next 100 ms tick,
@@ -82,6 +88,10 @@ struct Orphan {
     /// counted released; none within a life, and it lapsed in Redis, counted so. A late
     /// decision's member (counted nowhere) is released until Redis says it removed it.
     held: bool,
+    /// Monotonic ms from which its release is due again, and the wait after the next "not
+    /// there".
+    due: u64,
+    wait: u64,
 }
 
 /// What Redis answered a renewal.
@@ -206,7 +216,8 @@ impl Slots {
     fn add_orphan(&mut self, slot: Held, now: u64, held: bool, sending: bool) -> u64 {
         self.next += 1;
         let until = now + slot.life_ms;
-        self.orphans.insert(self.next, Orphan { slot, until, sending, held });
+        let orphan = Orphan { slot, until, sending, held, due: now, wait: ORPHAN_FIRST_WAIT };
+        self.orphans.insert(self.next, orphan);
         self.next
     }
 
@@ -222,7 +233,7 @@ impl Slots {
             keep
         });
         let mut ids = Vec::new();
-        for (&id, o) in self.orphans.iter_mut().filter(|(_, o)| !o.sending) {
+        for (&id, o) in self.orphans.iter_mut().filter(|(_, o)| !o.sending && now >= o.due) {
             o.sending = true;
             ids.push(id);
         }
@@ -261,10 +272,10 @@ impl Slots {
         self.orphans.get(&id).map(|o| &o.slot)
     }
 
-    /// What Redis said to an orphan's release: a failed one is sent again at the next sweep; a
-    /// held slot's is done at any answer, and its zone returned (counted released); a late
-    /// decision's, once Redis removed the member.
-    pub fn orphan_answered(&mut self, id: u64, answer: Release) -> Option<usize> {
+    /// What Redis said at `now` to an orphan's release: a failed one is sent again at the next
+    /// sweep; a held slot's is done at any answer, and its zone returned (counted released); a
+    /// late decision's, once Redis removed the member, asked again after a wait that doubles.
+    pub fn orphan_answered(&mut self, id: u64, answer: Release, now: u64) -> Option<usize> {
         let o = self.orphans.get_mut(&id)?;
         let done = match answer {
             Release::Removed => true,
@@ -273,6 +284,9 @@ impl Slots {
         };
         if !done {
             o.sending = false;
+            if answer == Release::NotThere {
+                (o.due, o.wait) = (now + o.wait, 2 * o.wait);
+            }
             return None;
         }
         let o = self.orphans.remove(&id)?;
@@ -389,14 +403,21 @@ mod tests {
         assert_eq!(o.len(), 1);
         assert_eq!(s.orphan_slot(o[0]).map(|h| h.slot_ref()), Some(slot(b"late")));
         assert!(s.orphans_due(1100, &mut lapsed).is_empty(), "not sent again while on its way");
-        assert_eq!(s.orphan_answered(o[0], Release::NotThere), None);
-        assert_eq!(s.orphans_due(1100, &mut lapsed), o, "not there yet: sent again");
-        assert_eq!(s.orphan_answered(o[0], Release::Removed), None, "counted nowhere");
+        assert_eq!(s.orphan_answered(o[0], Release::NotThere, 1010), None);
+        assert!(s.orphans_due(1100, &mut lapsed).is_empty());
+        assert_eq!(s.orphans_due(1110, &mut lapsed), o, "not there yet: sent again a tick later");
+        assert_eq!(s.orphan_answered(o[0], Release::NotThere, 1120), None);
+        assert!(s.orphans_due(1310, &mut lapsed).is_empty(), "then after 200 ms");
+        assert_eq!(s.orphans_due(1320, &mut lapsed), o);
+        assert_eq!(s.orphan_answered(o[0], Release::NotThere, 1330), None);
+        assert!(s.orphans_due(1720, &mut lapsed).is_empty(), "then after 400 ms");
+        assert_eq!(s.orphans_due(1730, &mut lapsed), o);
+        assert_eq!(s.orphan_answered(o[0], Release::Removed, 1740), None, "counted nowhere");
         assert!(s.is_empty(), "removed: done");
 
         assert!(s.orphan(1, slot(b"never"), 0));
         let o = s.orphans_due(0, &mut lapsed);
-        s.orphan_answered(o[0], Release::Failed);
+        s.orphan_answered(o[0], Release::Failed, 0);
         assert!(s.orphans_due(3000, &mut lapsed).is_empty(), "a life later: forgotten");
         assert!(s.is_empty() && lapsed.is_empty(), "never taken: nothing lapsed");
     }
@@ -410,16 +431,20 @@ mod tests {
         assert_eq!(s.orphan_slot(r).map(|h| (h.zone, h.slot_ref())), Some((2, slot(b"m"))));
         assert_eq!(s.release(a, 500), None, "a second release finds nothing");
         assert!(s.orphans_due(600, &mut lapsed).is_empty(), "sent at once, not by the sweep");
-        assert_eq!(s.orphan_answered(r, Release::Failed), None);
+        assert_eq!(s.orphan_answered(r, Release::Failed, 0), None);
         assert_eq!(s.orphans_due(600, &mut lapsed), vec![r], "failed: sent again");
-        assert_eq!(s.orphan_answered(r, Release::NotThere), Some(2), "gone either way: released");
+        assert_eq!(
+            s.orphan_answered(r, Release::NotThere, 0),
+            Some(2),
+            "gone either way: released"
+        );
         assert!(s.is_empty());
 
         let b = s.take(3, slot(b"n"), 0);
         let r = s.release(b, 0).unwrap();
-        s.orphan_answered(r, Release::Failed);
+        s.orphan_answered(r, Release::Failed, 0);
         s.orphans_due(100, &mut lapsed);
-        s.orphan_answered(r, Release::Failed);
+        s.orphan_answered(r, Release::Failed, 0);
         assert!(s.orphans_due(3000, &mut lapsed).is_empty());
         assert_eq!(lapsed, vec![3], "never answered for a life: it lapsed in Redis");
         assert!(!s.renewal_answered(b, Renewal::WrittenBack, 3000), "released: not renewed");
@@ -433,20 +458,20 @@ mod tests {
         assert_eq!(s.due(1000), vec![a]);
         let r = s.release(a, 1010).unwrap();
         assert!(s.due(2100).is_empty(), "ended: never renewed again");
-        assert_eq!(s.orphan_answered(r, Release::Removed), Some(0));
+        assert_eq!(s.orphan_answered(r, Release::Removed, 0), Some(0));
         // The release ran before the renewal, which found the member gone and wrote it back.
         assert!(!s.renewal_answered(a, Renewal::WrittenBack, 1020), "not a lapse");
         let again = s.orphans_due(1020, &mut lapsed);
         assert_eq!(again.len(), 1);
         assert_eq!(s.orphan_slot(again[0]).map(|h| h.slot_ref()), Some(slot(b"m")));
-        assert_eq!(s.orphan_answered(again[0], Release::Removed), None);
+        assert_eq!(s.orphan_answered(again[0], Release::Removed, 0), None);
         assert!(s.is_empty());
 
         let b = s.take(0, slot(b"k"), 0);
         s.due(1000);
         let r = s.release(b, 1010).unwrap();
         assert!(!s.renewal_answered(b, Renewal::Kept, 1020), "the renewal ran first");
-        assert_eq!(s.orphan_answered(r, Release::Removed), Some(0));
+        assert_eq!(s.orphan_answered(r, Release::Removed, 0), Some(0));
         assert!(s.is_empty());
     }
 

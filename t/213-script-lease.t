@@ -2,29 +2,43 @@
 # a real redis-server with an injected clock (no nginx).  The protocol is the
 # script's header comment; in short:
 #   a reserve zone sends "<letter>+<want>:<lease_ms>" as its algorithm and
-#   answers 6 fields: ok remaining reset_ms granted lease_ms token
+#   answers 7 fields: ok remaining reset_ms granted lease_ms token rid
 #   granted = min(want, floor(room / 4)), room = what the zone admits after this
-#   request's cost; 0 when the decision is rejected or room < 4
-#   a give-back "G<letter>" (cost = units, burst = token) answers 1 | 1 remaining 0
+#   request's cost; 0 when the decision is rejected or room < 4; rid names the
+#   reservation in the key's ledger (shown here only as 0 or not)
+#   a give-back "G<letter><rid>" (cost = units, burst = token) answers
+#   1 | 1 remaining 1, or 1 | 1 0 0 having written nothing when rid is not of the
+#   key's present life (a reset emptied the ledger, or it was given back already)
+#   a check "V<rid>" answers 1 | 1 1 0 when rid is of the key's life, else 1 | 1 0 0
 # Expectations are literals worked out by hand; t below is the offset from T0.
 use lib 't/lib';
 use RLTest;
 use RLTest::Script qw(:all);
 use Time::Local qw(timegm);
+use Time::HiRes qw(sleep);
 
 my $R = 2**52;    # reserved sliding_log members start here (plus the clock in µs)
 
 # A reply as "allowed | ok remaining reset [granted lease token] | ...", a
-# reserve zone (field longer than 2 characters) answering 6 fields.
+# reserve zone (a field with "+") answering 7 fields, of which the rid is kept
+# in %RID by key (@KEYS, when the caller names them) and not shown: it comes
+# from Redis's clock.
+our (@KEYS, %RID);
 sub show {
     my ($r, @fields) = @_;
     return 'ERR:' . $r->message if is_error($r);
     return 'RAW:' . RLTest::Redis::format_reply($r) if ref $r ne 'ARRAY';
     my @v = @$r;
     my @out = (shift @v);
-    for my $f (@fields) {
-        my $n = length($f) > 2 ? 6 : 3;
-        push @out, join ' ', splice(@v, 0, $n);
+    for my $i (0 .. $#fields) {
+        my $n = $fields[$i] =~ /\+/ ? 7 : 3;
+        my @z = splice(@v, 0, $n);
+        if ($n == 7) {
+            my $rid = pop @z;
+            return "BAD RID $rid for @z" if ($z[3] > 0) != ($rid > 0);
+            $RID{$KEYS[$i]} = $rid if $rid && defined $KEYS[$i];
+        }
+        push @out, join ' ', @z;
     }
     return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
     return join ' | ', @out;
@@ -35,13 +49,40 @@ sub dec {
     my ($now, @z) = @_;
     my @zz = map { [$_->[0], $_->[1], $_->[2], $_->[3], $_->[4] // 1, $_->[5] // 0] } @z;
     my $r = decide_raw([map { $_->[0] } @zz], $now, map { @$_[1 .. 5] } @zz);
+    local @KEYS = map { $_->[0] } @zz;
     return show($r, map { $_->[1] } @zz);
 }
 
-# A give-back: G<letter>, limit, window, units, token.
+# The key's ledger, as the script names it.
+sub ledger_of {
+    my ($key) = @_;
+    return "$key|lease" if $key =~ /^[^{]*\{[^}]+\}/;
+    return undef if $key =~ /[{}]/;
+    return "$key|lease{$key}";
+}
+
+# A give-back: G<letter>, limit, window, units, token; of a reservation entered
+# in the key's ledger for it (as if granted in the key's present life), so that
+# it tests what the algorithm returns.
+my $next_rid = 1;
 sub give {
     my ($now, $key, $g, $limit, $w, $u, $token) = @_;
-    return show(decide_raw([$key], $now, $g, $limit, $w, $u, $token), $g);
+    my $rid = $next_rid++;
+    redis_cmd('ZADD', ledger_of($key), $now + 60_000, $rid);
+    return show(decide_raw([$key], $now, "$g$rid", $limit, $w, $u, $token), $g);
+}
+
+# A give-back of the key's last grant (or of $rid): what the ledger allows.
+sub give_of {
+    my ($now, $key, $g, $limit, $w, $u, $token, $rid) = @_;
+    $rid //= $RID{$key} // 0;
+    return show(decide_raw([$key], $now, "$g$rid", $limit, $w, $u, $token), $g);
+}
+
+# A check of the key's last grant.
+sub check_rid {
+    my ($key, $rid) = @_;
+    return show(decide_raw([$key], 0, 'V' . ($rid // $RID{$key} // 0), 1, 1, 0, 0), 'V');
 }
 
 sub zscores {
@@ -81,7 +122,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     # Remaining excludes the grant: a read sees 15, counting the future scores.
     is(dec($T0 + 10, [$k, 'l', 20, 1000, 0]), '1 | 1 15 990', "$tag l: a plain read counts them");
     # Give back half (2 spent: the holder sends m0 + 2).
-    is(give($T0 + 100, $k, 'Gl', 20, 1000, 2, $m + 2), '1 | 1 17 0', "$tag l: 2 given back");
+    is(give($T0 + 100, $k, 'Gl', 20, 1000, 2, $m + 2), '1 | 1 17 1', "$tag l: 2 given back");
     is(zscores($k), join(',', ($T0 * 1000) . "\@$T0", map { ($m + $_) . '@' . ($T0 + 500) } 0 .. 1),
         "$tag l: the last two members removed");
     # The rest lapses: counted until r + L + W, i.e. at t = 1499, gone at t = 1500.
@@ -90,9 +131,9 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($T0 + 1499, [$k, 'l+0:500', 20, 1000, 0]), '1 | 1 18 1 0 0 0', "$tag l: still at r+L+W-1");
     is(dec($T0 + 1500, [$k, 'l+0:500', 20, 1000, 0]), '1 | 1 20 0 0 0 0', "$tag l: gone at r+L+W");
     # A give-back after they lapsed, then after a reset, writes nothing.
-    is(give($T0 + 1500, $k, 'Gl', 20, 1000, 2, $m), '1 | 1 20 0', "$tag l: a give-back of lapsed units");
+    is(give($T0 + 1500, $k, 'Gl', 20, 1000, 2, $m), '1 | 1 20 1', "$tag l: a give-back of lapsed units");
     redis_cmd('DEL', $k);
-    is(give($T0 + 1600, $k, 'Gl', 20, 1000, 2, $m), '1 | 1 20 0', "$tag l: a give-back after a reset");
+    is(give($T0 + 1600, $k, 'Gl', 20, 1000, 2, $m), '1 | 1 20 1', "$tag l: a give-back after a reset");
     is(redis_cmd('EXISTS', $k), 0, "$tag l: ... creates nothing");
 
     # The grant shrinks with the room: floor(room / 4), 0 when room < 4; a rejected
@@ -162,10 +203,10 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($T0 + 100, [$k, 'p+0:500', 20, 1000]), '1 | 1 14 900 0 0 0', "$tag p: want 0: exact");
     is(entries($k), join(',', $T0, $T0 + 100, ($e) x 4), "$tag p: sorted");
     pttl_in($k, 1000, 1500, "$tag p: want 0 still keeps window + lease");
-    is(give($T0 + 200, $k, 'Gp', 20, 1000, 2, $e), '1 | 1 16 0', "$tag p: 2 given back");
+    is(give($T0 + 200, $k, 'Gp', 20, 1000, 2, $e), '1 | 1 16 1', "$tag p: 2 given back");
     is(entries($k), join(',', $T0, $T0 + 100, ($e) x 2), "$tag p: two entries of the token gone");
-    is(give($T0 + 200, $k, 'Gp', 20, 1000, 5, $e), '1 | 1 18 0', "$tag p: at most what is there");
-    is(give($T0 + 200, $k, 'Gp', 20, 1000, 1, $e), '1 | 1 18 0', "$tag p: none left: nothing");
+    is(give($T0 + 200, $k, 'Gp', 20, 1000, 5, $e), '1 | 1 18 1', "$tag p: at most what is there");
+    is(give($T0 + 200, $k, 'Gp', 20, 1000, 1, $e), '1 | 1 18 1', "$tag p: none left: nothing");
     pttl_in($k, 1000, 1500, "$tag p: the TTL is kept");
 
     my $s = "rl:lease:ps$T0";
@@ -180,7 +221,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($T0 + 1349, [$s, 'p', 20, 1000, 0]), '1 | 1 9 1', "$tag p: reserved count at r+L+W-1");
     is(dec($T0 + 1350, [$s, 'p', 20, 1000, 0]), '1 | 1 20 0', "$tag p: gone at r+L+W");
     redis_cmd('DEL', $s);
-    is(give($T0 + 1400, $s, 'Gp', 20, 1000, 2, $T0 + 350), '1 | 1 20 0', "$tag p: give-back after a reset");
+    is(give($T0 + 1400, $s, 'Gp', 20, 1000, 2, $T0 + 350), '1 | 1 20 1', "$tag p: give-back after a reset");
     is(redis_cmd('EXISTS', $s), 0, "$tag p: ... creates nothing");
 }
 
@@ -209,18 +250,18 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     # e=500: 11 * 1/2 rounded up + 11 = 17; one more at 11*(1000-e)/1000 <= 5, e=546.
     is(dec($T0 + 1500, [$k, 'c', 100, 1000, 0]), '1 | 1 83 46', 'c: then the previous one weighs');
     # Give-backs: the first reservation's bucket is now the previous one.
-    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I), '1 | 1 86 0', 'c: give back 5 to the previous bucket');
+    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I), '1 | 1 86 1', 'c: give back 5 to the previous bucket');
     is(counter_value($k), ($S + 1) . ':11:6', 'c: previous 11 - 5');
-    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I + 1), '1 | 1 91 0', 'c: give back 5 to the current one');
+    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I + 1), '1 | 1 91 1', 'c: give back 5 to the current one');
     is(counter_value($k), ($S + 1) . ':6:6', 'c: current 11 - 5');
-    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 50, $I + 1), '1 | 1 97 0', 'c: never below zero');
+    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 50, $I + 1), '1 | 1 97 1', 'c: never below zero');
     is(counter_value($k), ($S + 1) . ':0:6', 'c: current 0');
     my $before = snapshot($k);
-    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I - 1), '1 | 1 97 0', 'c: another bucket: nothing');
+    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I - 1), '1 | 1 97 1', 'c: another bucket: nothing');
     is(snapshot($k), $before, 'c: unchanged');
     pttl_in($k, 1000, 2300, 'c: give-backs keep the TTL');
     redis_cmd('DEL', $k);
-    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I + 1), '1 | 1 100 0', 'c: give-back after a reset');
+    is(give($T0 + 1500, $k, 'Gc', 100, 1000, 5, $I + 1), '1 | 1 100 1', 'c: give-back after a reset');
     is(redis_cmd('EXISTS', $k), 0, 'c: ... creates nothing');
 
     # The previous bucket's weighted share is kept when the state moves on early:
@@ -271,11 +312,11 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     pttl_in($k, 700, 1200, 'g: PX to the TAT');
     is(dec($T0, [$k, 'g', 10, 1000, 0, 40]), '1 | 1 28 100', 'g: a plain read sees 28');
     # Give back 5: TAT 1200 - 500 = 700.
-    is(give($T0 + 100, $k, 'Gg', 10, 1000, 5, $tok->($T0 + 1200, 0, 10)), '1 | 1 0 0', 'g: 5 given back');
+    is(give($T0 + 100, $k, 'Gg', 10, 1000, 5, $tok->($T0 + 1200, 0, 10)), '1 | 1 0 1', 'g: 5 given back');
     is(gcra_value($k, 10), ($T0 + 700) . '+0/10', 'g: TAT - 5T');
     pttl_in($k, 100, 600, 'g: PX to the new TAT');
     # Again with the same token: the TAT is not the one it left any more.
-    is(give($T0 + 100, $k, 'Gg', 10, 1000, 5, $tok->($T0 + 1200, 0, 10)), '1 | 1 0 0', 'g: twice: nothing');
+    is(give($T0 + 100, $k, 'Gg', 10, 1000, 5, $tok->($T0 + 1200, 0, 10)), '1 | 1 0 1', 'g: twice: nothing');
     is(gcra_value($k, 10), ($T0 + 700) . '+0/10', 'g: unchanged');
 
     # The grant shrinks with the room (T = 100, burst 40, lease 300, cost 1 each at t=0):
@@ -312,17 +353,17 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     my @z = ([$h, 'g+4:50', 100, 1000, 0, 10]);
     is(dec($T0, @z), '1 | 1 4 10 1 50 ' . $tok->($T0 + 60, 0, 100), 'g holders: A 1 (room 5)');
     is(dec($T0 + 10, @z), '1 | 1 4 10 1 50 ' . $tok->($T0 + 70, 0, 100), 'g holders: B 1 behind A');
-    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 60, 0, 100)), '1 | 1 0 0', 'g holders: A gives back');
+    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 60, 0, 100)), '1 | 1 0 1', 'g holders: A gives back');
     is(gcra_value($h, 100), ($T0 + 70) . '+0/100', 'g holders: refused, the TAT moved since');
-    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, 0), '1 | 1 0 0', 'g holders: token 0: nothing');
-    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 70, 0, 100)), '1 | 1 0 0', 'g holders: B gives back');
+    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, 0), '1 | 1 0 1', 'g holders: token 0: nothing');
+    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 70, 0, 100)), '1 | 1 0 1', 'g holders: B gives back');
     is(gcra_value($h, 100), ($T0 + 60) . '+0/100', 'g holders: B\'s slot freed');
-    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 60, 0, 100)), '1 | 1 0 0', 'g holders: then A');
+    is(give($T0 + 10, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 60, 0, 100)), '1 | 1 0 1', 'g holders: then A');
     is(gcra_value($h, 100), ($T0 + 50) . '+0/100', 'g holders: A\'s slot freed; the skipped 0..50 stays');
     # A TAT brought to or below now: the key goes.
-    is(give($T0 + 50, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 50, 0, 100)), '1 | 1 0 0', 'g: to now');
+    is(give($T0 + 50, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 50, 0, 100)), '1 | 1 0 1', 'g: to now');
     is(redis_cmd('EXISTS', $h), 0, 'g: TAT at now: deleted');
-    is(give($T0 + 50, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 50, 0, 100)), '1 | 1 0 0', 'g: after a reset');
+    is(give($T0 + 50, $h, 'Gg', 100, 1000, 1, $tok->($T0 + 50, 0, 100)), '1 | 1 0 1', 'g: after a reset');
     is(redis_cmd('EXISTS', $h), 0, 'g: ... creates nothing');
 
     # Remainders: limit 3 per 1000 (T = 333 1/3), burst 30, lease 500, at t=0, cost 1:
@@ -332,7 +373,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($T0, [$q, 'g+10:500', 3, 1000, 1, 30]), '1 | 1 21 167 7 500 ' . $tok->($T0 + 2833, 1, 3),
         'g: exact thirds');
     is(gcra_value($q, 3), ($T0 + 2833) . '+1/3', 'g: TAT with its remainder');
-    is(give($T0 + 100, $q, 'Gg', 3, 1000, 2, $tok->($T0 + 2833, 1, 3)), '1 | 1 0 0', 'g: give back 2');
+    is(give($T0 + 100, $q, 'Gg', 3, 1000, 2, $tok->($T0 + 2833, 1, 3)), '1 | 1 0 1', 'g: give back 2');
     is(gcra_value($q, 3), ($T0 + 2166) . '+2/3', 'g: TAT - 2000/3 exactly');
     # Rejected: nothing reserved.
     my $before = snapshot($q);
@@ -353,18 +394,18 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(dec($t, [$k, 'q+100:600000', 100, $spec]), "1 | 1 75 300000 24 300000 $start", 'q: lease capped');
     is(dec($t, [$k, 'q', 100, $spec, 0]), '1 | 1 75 300000', 'q: a plain read sees 75');
     pttl_in($k, 280_000, 300_000, 'q: to the period end');
-    is(give($t + 1000, $k, 'Gq', 100, $spec, 10, $start), '1 | 1 85 0', 'q: give back 10 in the period');
+    is(give($t + 1000, $k, 'Gq', 100, $spec, 10, $start), '1 | 1 85 1', 'q: give back 10 in the period');
     pttl_in($k, 270_000, 300_000, 'q: TTL kept');
-    is(give($t + 1000, $k, 'Gq', 100, $spec, 100, $start), '1 | 1 100 0', 'q: never below zero');
+    is(give($t + 1000, $k, 'Gq', 100, $spec, 100, $start), '1 | 1 100 1', 'q: never below zero');
     # The last ms of the period: 1 ms of lease.
     is(dec($end - 1, [$k, 'q+8:600000', 100, $spec]), "1 | 1 91 1 8 1 $start", 'q: last ms: lease 1');
     # The next period: the give-back for the old one does nothing.
     is(dec($end, [$k, 'q', 100, $spec]), "1 | 1 99 $H", 'q: next period');
     my $before = snapshot($k);
-    is(give($end + 1, $k, 'Gq', 100, $spec, 5, $start), '1 | 1 99 0', 'q: give-back after the period');
+    is(give($end + 1, $k, 'Gq', 100, $spec, 5, $start), '1 | 1 99 1', 'q: give-back after the period');
     is(snapshot($k), $before, 'q: nothing written');
     redis_cmd('DEL', $k);
-    is(give($end + 1, $k, 'Gq', 100, $spec, 5, $end), '1 | 1 100 0', 'q: give-back after a reset');
+    is(give($end + 1, $k, 'Gq', 100, $spec, 5, $end), '1 | 1 100 1', 'q: give-back after a reset');
     is(redis_cmd('EXISTS', $k), 0, 'q: ... creates nothing');
     # Shrinking: limit 10.
     my $s = 'rl:lease:qs';
@@ -381,7 +422,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     redis_cmd('SET', $k, 100);
     is(dec($T, [$k, 'b+50:1000', 1, 1]), '1 | 1 75 0 24 1000 0', 'b: room 99: 24');
     is(redis_cmd('GET', $k), 75, 'b: DECRBY cost + grant');
-    is(give($T, $k, 'Gb', 1, 1, 12, 0), '1 | 1 87 0', 'b: give back half');
+    is(give($T, $k, 'Gb', 1, 1, 12, 0), '1 | 1 87 1', 'b: give back half');
     is(redis_cmd('GET', $k), 87, 'b: INCRBY');
     redis_cmd('SET', $k, 5);
     is(dec($T, [$k, 'b+50:1000', 1, 1]), '1 | 1 3 0 1 1000 0', 'b: room 4: 1');
@@ -395,7 +436,7 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(redis_cmd('GET', $d), 37, 'b: written whole');
     # A give-back after a reset does not recreate the balance.
     redis_cmd('DEL', $d);
-    is(give($T, $d, 'Gb', 1, 1, 12, 0), '1 | 1 0 0', 'b: give-back after a reset');
+    is(give($T, $d, 'Gb', 1, 1, 12, 0), '1 | 1 0 1', 'b: give-back after a reset');
     is(redis_cmd('EXISTS', $d), 0, 'b: ... creates nothing');
 }
 
@@ -448,17 +489,20 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
 }
 
 ######################################################################
-# A batch mixing reserve, plain and give-back decisions, in order.
+# A batch mixing reserve, plain and give-back decisions, in order; the give-backs
+# return reservations granted before it (their rids are Redis's to choose).
 {
     my $T = 10_000_000;
     my $m = m0($T);
+    is(dec($T, ['rl:lease:x:lb', 'l+8:500', 20, 1000]), "1 | 1 15 1000 4 500 $m", 'batch: a reservation before it');
+    is(dec($T, ['rl:lease:x:cb', 'c+8:500', 20, 1000]), '1 | 1 15 1200 4 500 ' . ($T / 1000), 'batch: and another');
     my $r = batch_raw(
         [['rl:lease:x:l'], $T, 'l+8:500', 20, 1000, 1, 0],
         [['rl:lease:x:l', 'rl:lease:x:c'], $T, 'l', 20, 1000, 1, 0, 'c+8:500', 20, 1000, 1, 0],
-        [['rl:lease:x:l'], $T, 'Gl', 20, 1000, 2, $m + 2],
+        [['rl:lease:x:lb'], $T, "Gl$RID{'rl:lease:x:lb'}", 20, 1000, 2, $m + 2],
         [['rl:lease:x:g'], $T, 'g+8:200', 10, 1000, 1, 20],
         [['rl:lease:x:l'], $T, 'r+1:100', 20, 1000, 1, 'id'],
-        [['rl:lease:x:c'], $T, 'Gc', 20, 1000, 1, $T / 1000],
+        [['rl:lease:x:cb'], $T, "Gc$RID{'rl:lease:x:cb'}", 20, 1000, 1, $T / 1000],
         [['rl:lease:x:l'], $T, 'l+0:500', 20, 1000, 0, 0],
     );
     my @f = (['l+8:500'], ['l', 'c+8:500'], ['Gl'], ['g+8:200'], ['r+1:100'], ['Gc'], ['l+0:500']);
@@ -466,13 +510,81 @@ for my $T0 (10_000_000, 1_700_000_000_000) {
     is(join("\n", @got), join("\n",
         "1 | 1 15 1000 4 500 $m",
         '1 | 1 14 1000 | 1 15 1200 4 500 ' . ($T / 1000),
-        '1 | 1 16 0',
+        '1 | 1 17 1',
         '1 | 1 14 100 4 200 ' . ((($T + 600) % 4194304) * 10 + 1),
         'ERR:ERR ratelimit: bad arguments for zone 1',
-        '1 | 1 16 0',
-        '1 | 1 16 1000 0 0 0',
+        '1 | 1 16 1',
+        '1 | 1 14 1000 0 0 0',
     ), 'a batch: reserve, plain + reserve, give-back, bad, give-back, read');
-    is(counter_value('rl:lease:x:c'), ($T / 1000 % 256) . ':4:0', 'batch: the counter after its give-back');
+    is(counter_value('rl:lease:x:cb'), ($T / 1000 % 256) . ':4:0', 'batch: the counter after its give-back');
+}
+
+######################################################################
+# The ledger: a reservation belongs to the life of its key (issue 27). A reset
+# (DEL, FLUSHALL, an admin "D", expiry) followed by a new life of the key, even
+# one made by another gateway at once, leaves the old reservation's give-back
+# and check nothing to act on, for every algorithm that leases.
+{
+    my $T = 1_700_000_000_000;
+    my $spec = 14401;
+    my @algs = (
+        ['l', 20, 1000, 0], ['p', 20, 1000, 0], ['c', 20, 1000, 0], ['g', 20, 1000, 20],
+        ['q', 20, $spec, 0], ['b', 1, 1, 20],
+    );
+    for my $a (@algs) {
+        my ($alg, $limit, $w, $burst) = @$a;
+        for my $reset (['DEL', sub { redis_cmd('DEL', $_[0]) }],
+                       ['D', sub { decide_raw([$_[0]], $T, 'D', 1, 1, 0, 0) }],
+                       ['FLUSHALL', sub { redis_cmd('FLUSHALL') }]) {
+            my ($how, $do) = @$reset;
+            my $k = "rl:lease:life:$alg:$how";
+            my $f = "$alg+8:500";
+            my $first = dec($T, [$k, $f, $limit, $w, 1, $burst]);
+            like($first, qr/^1 \| 1 \d+ \d+ [1-9]\d* /, "life $alg/$how: 4 reserved ($first)");
+            my $old = $RID{$k};
+            is(check_rid($k, $old), '1 | 1 1 0', "life $alg/$how: the check says it is of the key's life");
+            $do->($k);
+            is(check_rid($k, $old), '1 | 1 0 0', "life $alg/$how: after the reset it is not") unless $how eq 'DEL';
+            # The key's next life, by another gateway: a reservation of its own.
+            like(dec($T + 1, [$k, $f, $limit, $w, 1, $burst]), qr/^1 \| 1 \d+ \d+ [1-9]\d* /, "life $alg/$how: a new life, 4 reserved");
+            isnt($RID{$k}, $old, "life $alg/$how: another rid");
+            is(check_rid($k, $old), '1 | 1 0 0', "life $alg/$how: the old reservation is not of the new life");
+            is(check_rid($k), '1 | 1 1 0', "life $alg/$how: the new one is");
+            my $before = snapshot($k);
+            my $token = $alg eq 'l' ? m0($T) : $alg eq 'p' ? $T + 500 : $alg eq 'c' ? int($T / $w)
+                : $alg eq 'q' ? 1000 * timegm(0, 0, int(($T % 86_400_000) / 3_600_000), 14, 10, 2023) : 0;
+            $token = ((($T + 900) % 4194304) * $limit + 1) if $alg eq 'g';
+            is(give_of($T + 2, $k, "G$alg", $limit, $w, 4, $token, $old), '1 | 1 0 0',
+                "life $alg/$how: the old give-back writes nothing");
+            is(snapshot($k), $before, "life $alg/$how: the new life is untouched");
+        }
+    }
+    # Expiry: a quota's reservation lapses with its period; the next period is a new life.
+    my $k = 'rl:lease:life:q:expiry';
+    like(dec($T, [$k, 'q+8:500', 20, $spec]), qr/^1 \| 1 \d+ \d+ [1-9]\d* /, 'life q/expiry: reserved');
+    my $old = $RID{$k};
+    redis_cmd('PEXPIRE', $k, 1);
+    sleep 0.05;
+    like(dec($T + 1, [$k, 'q+8:500', 20, $spec]), qr/^1 \| 1 \d+ \d+ [1-9]\d* /, 'life q/expiry: a new life');
+    is(check_rid($k, $old), '1 | 1 0 0', 'life q/expiry: the old reservation is not of it');
+    # Within one life a check holds through other writers' decisions and give-backs.
+    my $s = 'rl:lease:life:c:busy';
+    dec($T, [$s, 'c+8:500', 100, 1000]);
+    my $a = $RID{$s};
+    dec($T + 1, [$s, 'c+8:500', 100, 1000]);
+    give_of($T + 2, $s, 'Gc', 100, 1000, 4, int($T / 1000));
+    dec($T + 3, [$s, 'c', 100, 1000]);
+    is(check_rid($s, $a), '1 | 1 1 0', 'one life: still of it after others wrote');
+    is(redis_cmd('ZCARD', ledger_of($s)), 1, 'one life: the given-back rid left the ledger');
+    my $ttl = redis_cmd('PTTL', ledger_of($s));
+    ok($ttl > 10_000 && $ttl <= 10_500, "the ledger lives lease_time + 10 s ($ttl)");
+    # A key whose ledger could not share its slot (a brace, no hash tag): nothing granted.
+    is(dec($T, ['rl:lease:life:{x', 'l+8:500', 20, 1000]), '1 | 1 19 1000 0 0 0', 'no ledger: exact');
+    # A hash tag: the ledger follows the key's tag.
+    dec($T, ['rl:lease:{life}:t', 'l+8:500', 20, 1000]);
+    is(redis_cmd('EXISTS', 'rl:lease:{life}:t|lease'), 1, 'a tagged key: its ledger is key|lease');
+    is(redis_cmd('EXISTS', 'rl:lease:life:c:busy|lease{rl:lease:life:c:busy}'), 1,
+        'an untagged key: key|lease{key}, in its slot');
 }
 
 done_testing();

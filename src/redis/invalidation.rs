@@ -71,6 +71,8 @@ pub fn event(reply: &Reply) -> Event<'_> {
 #[derive(Default)]
 struct Pending {
     all: bool,
+    /// The tracking was lost: from then on a change could go unheard.
+    unheard: bool,
     /// Each key, and what Redis said of it.
     keys: Vec<(Vec<u8>, Said)>,
 }
@@ -85,7 +87,11 @@ thread_local! {
 
 /// One of what [`drain`] hands over.
 pub enum Forget<'a> {
+    /// Anything may have changed (`FLUSHALL`, or more changes than could be listed).
     All,
+    /// The tracking was lost: until it is back, a change goes unheard (nothing is known to have
+    /// changed).
+    Unheard,
     /// Written: remembered rejections go; reservations stand, since every reservation by
     /// another worker writes the key too, and are checked again.
     Key(&'a [u8]),
@@ -102,13 +108,18 @@ enum Said {
     Present,
 }
 
-/// Every remembered rejection must go: its tracking was lost, or Redis flushed.
+/// Every remembered rejection must go: Redis flushed.
 pub fn forget_all() {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         p.all = true;
         p.keys.clear();
     });
+}
+
+/// Every remembered rejection must go: its tracking was lost.
+pub fn unheard() {
+    PENDING.with(|p| p.borrow_mut().unheard = true);
 }
 
 /// The rejections remembered for `key` must go: Redis says it changed.
@@ -146,6 +157,9 @@ pub fn drain(mut f: impl FnMut(Forget<'_>)) {
     let p = PENDING.with(|p| core::mem::take(&mut *p.borrow_mut()));
     if p.all {
         f(Forget::All);
+    }
+    if p.unheard {
+        f(Forget::Unheard);
     }
     for (k, said) in &p.keys {
         f(match said {
@@ -190,6 +204,7 @@ mod tests {
             drain(|f| {
                 out.push(match f {
                     Forget::All => "*".to_string(),
+                    Forget::Unheard => "?".to_string(),
                     Forget::Key(k) => String::from_utf8_lossy(k).into_owned(),
                     Forget::Gone(k) => format!("-{}", String::from_utf8_lossy(k)),
                     Forget::Present(k) => format!("+{}", String::from_utf8_lossy(k)),
@@ -210,5 +225,9 @@ mod tests {
             forget(format!("k{i}").as_bytes());
         }
         assert_eq!(seen(), ["*"]);
+        // Lost tracking: nothing known to have changed, the keys heard before still listed.
+        forget(b"a");
+        unheard();
+        assert_eq!(seen(), ["?", "a"]);
     }
 }

@@ -243,7 +243,7 @@ impl Tracker {
             unsafe { Conn::close_dedicated(c) };
         }
         if self.state == State::Ready || self.lost {
-            invalidation::forget_all();
+            invalidation::unheard();
         }
         self.pending.clear();
         self.inbox.clear();
