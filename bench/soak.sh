@@ -5,7 +5,9 @@
 # Starts its own redis-server and nginx (WORKERS workers) on free loopback ports, then runs
 # `wrk` for DURATION_MIN minutes with bench/soak_wrk.lua: rotating consumer ids far below their
 # limit, a few hot ids far over it (REJECTED, then REJECTED_CACHED), a gcra zone, an expensive
-# cost=5 endpoint decided over two zones, and cost=0 reads. Every RESTART_EVERY seconds Redis
+# cost=5 endpoint decided over two zones, cost=0 reads, a few busy ids over the limit of a zone
+# with reservations (lease=auto), and slow responses of a concurrency zone (limit_rate: about a
+# second each, a few ids over their limit of requests in flight). Every RESTART_EVERY seconds Redis
 # is killed with SIGKILL and started again on the same port: its data and its script cache are
 # gone, so the module must reconnect, get NOSCRIPT, load the script and go on.
 #
@@ -18,8 +20,12 @@
 #     new Redis answered
 #   - 5xx responses, error-log lines by level, distinct messages, every [alert]/[crit]/[emerg]
 #   - Redis: script calls and NOSCRIPT recoveries per Redis lifetime
+#   - an audit from the access log of the lease and concurrency zones, within each Redis
+#     lifetime (a Redis killed loses its data, which resets every key): no window over the
+#     lease zone's limit, no more requests in flight than the concurrency zone's, counting what
+#     Redis and the reservations admitted (ratelimit_fail's admissions are the policy's)
 # Exits non-zero when RSS grew beyond the tolerance, a worker crashed, 5xx appeared (with
-# FAIL=open), or an [alert]/[crit]/[emerg] line was logged.
+# FAIL=open), an [alert]/[crit]/[emerg] line was logged, or the audit found a limit exceeded.
 #
 # Usage: bench/soak.sh            (build first: make build)
 # Environment: DURATION_MIN=10 RESTART_EVERY=60 (seconds) WORKERS=2 THREADS=2 CONNS=32
@@ -47,6 +53,10 @@ FAIL=${FAIL:-open}
 RSS_TOLERANCE=${RSS_TOLERANCE:-10}
 OUT=${OUT:-$ROOT/bench/soak.md}
 KEEP=${KEEP:-0}
+# The lease zone's limit per 10 s and the concurrency zone's per id (bench/soak_wrk.lua sends
+# far more to their busy ids).
+LEASE_LIMIT=200
+CONC_LIMIT=4
 
 die() { echo "soak: error: $*" >&2; exit 1; }
 log() { echo "soak: $(date -u +%H:%M:%S) $*" >&2; }
@@ -123,8 +133,11 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 start_redis
 
 # --- nginx ------------------------------------------------------------------------------------
-mkdir -p "$tmp/html/api" "$tmp/html/gcra" "$tmp/html/search" "$tmp/html/quota" "$tmp/logs" "$tmp/tmp"
-for d in api gcra search quota; do printf 'ok\n' > "$tmp/html/$d/index.html"; done
+mkdir -p "$tmp/html/api" "$tmp/html/gcra" "$tmp/html/search" "$tmp/html/quota" "$tmp/html/lease" \
+    "$tmp/html/conc" "$tmp/logs" "$tmp/tmp"
+for d in api gcra search quota lease; do printf 'ok\n' > "$tmp/html/$d/index.html"; done
+# 16 KiB sent at limit_rate 16k: a request of the concurrency zone holds its slot about a second.
+head -c 16384 /dev/zero | tr '\0' 'x' > "$tmp/html/conc/index.html"
 chmod -R a+rX "$tmp"
 
 cat > "$tmp/nginx.conf" <<EOF
@@ -135,7 +148,7 @@ pid $tmp/nginx.pid;
 events { worker_connections 4096; }
 http {
     default_type text/plain;
-    log_format soak '\$ratelimit_status \$status \$msec';
+    log_format soak '\$ratelimit_status \$status \$msec \$request_time \$uri \$http_x_consumer_id';
     access_log $tmp/logs/access.log soak buffer=256k flush=1s;
     client_body_temp_path $tmp/tmp/client_body;
     proxy_temp_path $tmp/tmp/proxy;
@@ -147,6 +160,8 @@ http {
     ratelimit_zone api   key=\$http_x_consumer_id limit=100 window=10s;
     ratelimit_zone pace  key=\$http_x_consumer_id limit=10 window=1s algorithm=gcra burst=5;
     ratelimit_zone daily key=\$http_x_consumer_id limit=1000000 window=1d algorithm=sliding_counter;
+    ratelimit_zone leased key=\$http_x_consumer_id limit=$LEASE_LIMIT window=10s lease=auto;
+    ratelimit_zone conc  key=\$http_x_consumer_id limit=$CONC_LIMIT algorithm=concurrency;
     ratelimit_fail $FAIL;
     # Rejections at warn, so that [error] lines are Redis failures only.
     ratelimit_log_level warn;
@@ -158,6 +173,8 @@ http {
         location /gcra/   { ratelimit pace; }
         location /search/ { ratelimit api cost=5; ratelimit daily; }
         location /quota/  { ratelimit api cost=0; }
+        location /lease/  { ratelimit leased; }
+        location /conc/   { ratelimit conc; limit_rate 16k; }
     }
 }
 EOF
@@ -286,6 +303,60 @@ fo_table=$(awk -v rf="$tmp/restarts" '
         if (0 in c) printf "| before the first restart | - | %d | - | - |\n", c[0]
     }' "$alog")
 
+# The audit of the lease and concurrency zones, per Redis lifetime (see the top).
+audit=$(python3 - "$alog" "$tmp/restarts" "$LEASE_LIMIT" "$CONC_LIMIT" <<'PY'
+import sys, bisect, collections
+log, restarts, lease_limit, conc_limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+# A lifetime ends when Redis is killed; what was spent while it was down (reservations) is the
+# dead lifetime's, what came after the new Redis answered the new one's.
+ups = []
+for line in open(restarts):
+    n, killed, up = line.split()
+    ups.append(int(up))
+def life(t):
+    return bisect.bisect_right(ups, t)
+lease = collections.defaultdict(list)
+conc = collections.defaultdict(list)
+counts = collections.Counter()
+for line in open(log):
+    f = line.split()
+    if len(f) < 6:
+        continue
+    st, end, took, uri, key = f[0], float(f[2]) * 1000, float(f[3]) * 1000, f[4], f[5]
+    start = end - took
+    if uri.startswith('/lease/') and st in ('PASSED', 'PASSED_LEASE'):
+        lease[(life(start), key)].append(start)
+        counts['lease ' + st] += 1
+    elif uri.startswith('/conc/') and st == 'PASSED':
+        conc[(life(start), key)].append((start, end))
+        counts['conc PASSED'] += 1
+worst_w, worst_o, over_w, over_o = 0, 0, 0, 0
+for k, ts in lease.items():
+    ts.sort()
+    i = 0
+    for j, t in enumerate(ts):
+        while ts[i] <= t - 10000:
+            i += 1
+        worst_w = max(worst_w, j - i + 1)
+    over_w += worst_w > lease_limit
+for k, iv in conc.items():
+    ev = sorted([(s, 1) for s, e in iv] + [(e, -1) for s, e in iv], key=lambda x: (x[0], x[1]))
+    cur = 0
+    for _, d in ev:
+        cur += d
+        worst_o = max(worst_o, cur)
+ok = worst_w <= lease_limit and worst_o <= conc_limit
+print(f"| lease=auto, sliding_log {lease_limit} per 10 s | {counts['lease PASSED']} by Redis, "
+      f"{counts['lease PASSED_LEASE']} from reservations | most in one window: {worst_w} | "
+      f"{'within' if worst_w <= lease_limit else 'OVER'} |")
+print(f"| concurrency {conc_limit} in flight | {counts['conc PASSED']} by Redis | "
+      f"most at once: {worst_o} | {'within' if worst_o <= conc_limit else 'OVER'} |")
+print('AUDIT ' + ('ok' if ok else 'over'))
+PY
+)
+audit_ok=$(sed -n 's/^AUDIT //p' <<< "$audit")
+audit_table=$(grep -v '^AUDIT ' <<< "$audit")
+
 elog="$tmp/logs/error.log"
 level_table=$(grep -o '^[0-9/]* [0-9:]* \[[a-z]*\]' "$elog" | awk '{ c[$3]++ } END { for (l in c) printf "| %s | %d |\n", l, c[l] }' | sort)
 # Distinct messages: the level and text, without time, pid, connection numbers and client details.
@@ -306,6 +377,7 @@ problems=""
 if [ "$FAIL" = open ] && [ "$fivexx" -ne 0 ]; then
     verdict=FAIL; problems+="- $fivexx responses with a 5xx status although ratelimit_fail is open."$'\n'
 fi
+[ "$audit_ok" = ok ] || { verdict=FAIL; problems+="- the audit found a limit exceeded (below)."$'\n'; }
 [ "$sockerr" -eq 0 ] || problems+="- wrk reported $sockerr socket errors/timeouts."$'\n'
 [ "$logged" -ge $((requests * 99 / 100)) ] || problems+="- the access log has $logged lines for $requests requests."$'\n'
 
@@ -341,6 +413,18 @@ $status_table
 $http_table
 
 5xx responses: **$fivexx**. Throughput over $minutes.
+
+## Audit of the lease and concurrency zones
+
+From the access log, per Redis lifetime (a killed Redis loses every key: the next one starts
+them over), counting each admission at the start of its request (\$msec − \$request_time) and
+what Redis and the reservations admitted; \`ratelimit_fail $FAIL\`'s admissions are the policy's.
+A unit reserved before a kill and spent while Redis was down counts in the lifetime that
+reserved it.
+
+| zone | admissions audited | worst | verdict |
+|---|---|---|---|
+$audit_table
 
 ## Redis restarts as the clients saw them
 
@@ -386,7 +470,8 @@ Started $started, commit $commit (at the start; module and nginx as built then);
 $WORKERS workers, access log buffered); $(redis-server --version | awk '{print "Redis " $3}' | sed 's/v=//');
 $(wrk -v 2>&1 | head -n1 | awk '{print $1, $2}'); $(nproc) CPUs ($cpu), shared by wrk, nginx and Redis on loopback.
 Zones: \`api\` sliding_log 100/10s, \`pace\` gcra 10/1s burst 5, \`daily\` sliding_counter 10⁶/1d,
-all keyed on \`X-Consumer-Id\`; rejections logged at warn.
+\`leased\` sliding_log $LEASE_LIMIT/10s with \`lease=auto\`, \`conc\` concurrency $CONC_LIMIT in flight (responses
+of 16 KiB at \`limit_rate 16k\`), all keyed on \`X-Consumer-Id\`; rejections logged at warn.
 EOF
 )
 

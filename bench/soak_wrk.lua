@@ -5,8 +5,10 @@
 --   HOT_IDS  over-limit consumers "hot-0" .. "hot-<HOT_IDS-1>" (10 % of the requests)
 --
 -- The mix, per 100 requests (spread evenly, the same in every second of the run):
---   80  GET /api/     rotating id                       zone api (sliding_log)
+--   70  GET /api/     rotating id                       zone api (sliding_log)
 --   10  GET /api/     hot id: far over its limit        REJECTED, then REJECTED_CACHED
+--    9  GET /lease/   busy id (4 of them), over 200/10s zone leased (lease=auto): PASSED_LEASE
+--    1  GET /conc/    busy id (3 of them), ~1 s each    zone conc (4 in flight per id)
 --    5  GET /gcra/    rotating id                       zone pace (gcra)
 --    3  GET /search/  rotating id, cost=5, two zones    zones api (cost 5) + daily (sliding_counter)
 --    2  GET /quota/   rotating id, cost=0               reads zone api, records nothing
@@ -38,8 +40,12 @@ end
 function request()
     n = n + 1
     local slot = n % 100
-    if slot < 80 then
+    if slot < 70 then
         return wrk.format("GET", "/api/index.html", { ["X-Consumer-Id"] = id() })
+    elseif slot < 79 then
+        return wrk.format("GET", "/lease/index.html", { ["X-Consumer-Id"] = "busy-" .. (n % 4) })
+    elseif slot < 80 then
+        return wrk.format("GET", "/conc/index.html", { ["X-Consumer-Id"] = "slow-" .. (n % 3) })
     elseif slot < 90 then
         return wrk.format("GET", "/api/index.html", { ["X-Consumer-Id"] = "hot-" .. (n % hot_ids) })
     elseif slot < 95 then

@@ -57,6 +57,14 @@ $gw{C} = start_nginx(name => 'gwC', config => $config,
 sub req { my ($g, $zone, $k) = @_; rl(http_get("/$zone?k=$k", -port => $gw{$g}->port)) }
 sub admitted { scalar grep { /^PASSED/ } @_ }
 
+# A worker's first grant starts its tracker, which connects within a second; until then its
+# reservations live 100 ms (and under valgrind a cold worker's first decisions may take their
+# whole timeout). Each gateway is warmed first.
+for my $g (sort keys %gw) {
+    wait_until(20, sub { (join ' ', map { req($g, 'log', 'warm') } 1 .. 2) =~ /PASSED_LEASE/ });
+}
+sleep 1.5;
+
 my %reset = (
     'admin DELETE' => sub { my ($zone, $k) = @_;
         http_request(port => $gw{B}->port, request => "DELETE /admin/$zone?key=$k") },
