@@ -148,7 +148,7 @@ pid $tmp/nginx.pid;
 events { worker_connections 4096; }
 http {
     default_type text/plain;
-    log_format soak '\$ratelimit_status \$status \$msec \$request_time \$uri \$http_x_consumer_id';
+    log_format soak '\$ratelimit_status \$status \$msec \$request_time \$uri \$http_x_consumer_id \$ratelimit_time';
     access_log $tmp/logs/access.log soak buffer=256k flush=1s;
     client_body_temp_path $tmp/tmp/client_body;
     proxy_temp_path $tmp/tmp/proxy;
@@ -318,27 +318,40 @@ def life(t):
 lease = collections.defaultdict(list)
 conc = collections.defaultdict(list)
 counts = collections.Counter()
+# Each admission lies in an interval its decision certainly lies in: a reservation's spending at
+# $ratelimit_time, a decision of Redis between $ratelimit_time (sent) and the log's $msec plus
+# SLACK (Redis's TIME for a reply read later in the event loop iteration that set the cached
+# clock). A window is exceeded only by admissions certainly inside it: a wider interval can hide
+# an overshoot of at most its width, never invent one (as t/410-lease-guarantee.t audits).
+SLACK = 10
 for line in open(log):
     f = line.split()
-    if len(f) < 6:
+    if len(f) < 7:
         continue
     st, end, took, uri, key = f[0], float(f[2]) * 1000, float(f[3]) * 1000, f[4], f[5]
     start = end - took
     if uri.startswith('/lease/') and st in ('PASSED', 'PASSED_LEASE'):
-        lease[(life(start), key)].append(start)
+        t = float(f[6]) * 1000
+        hi = t if st == 'PASSED_LEASE' else end + SLACK
+        lease[(life(t), key)].append((t, hi))
         counts['lease ' + st] += 1
     elif uri.startswith('/conc/') and st == 'PASSED':
-        conc[(life(start), key)].append((start, end))
+        # Certainly held from SLACK after the decision was asked (by then Redis has run it)
+        # to the log's $msec (the slot goes back after the response): workers' cached clocks
+        # differ by an iteration, so a freed slot may be taken "before" the log of its last
+        # holder ends.
+        t = float(f[6]) * 1000 + SLACK
+        if t < end:
+            conc[(life(t), key)].append((t, end))
         counts['conc PASSED'] += 1
-worst_w, worst_o, over_w, over_o = 0, 0, 0, 0
-for k, ts in lease.items():
-    ts.sort()
-    i = 0
-    for j, t in enumerate(ts):
-        while ts[i] <= t - 10000:
-            i += 1
-        worst_w = max(worst_w, j - i + 1)
-    over_w += worst_w > lease_limit
+worst_w, worst_o = 0, 0
+for k, iv in lease.items():
+    # For each admission's latest instant: the admissions certainly in the window ending there.
+    iv.sort(key=lambda x: x[1])
+    los = []
+    for lo, hi in iv:
+        bisect.insort(los, lo)
+        worst_w = max(worst_w, len(los) - bisect.bisect_right(los, hi - 10000))
 for k, iv in conc.items():
     ev = sorted([(s, 1) for s, e in iv] + [(e, -1) for s, e in iv], key=lambda x: (x[0], x[1]))
     cur = 0
