@@ -4,7 +4,7 @@
 -- each had been its own call (with clock=redis they share one TIME).
 --
 -- The whole script is one flat function body: Redis runs the body on every call, so it holds no
--- per-algorithm tables or closures to rebuild, only the call's scratch tables and two helpers.
+-- per-algorithm tables or closures to rebuild, only the call's scratch tables and a few helpers.
 --
 -- KEYS                   the zone keys of decision 1, then those of decision 2, ...
 -- ARGV, per decision:    now in ms (or "" to read Redis TIME: one clock for every gateway),
@@ -333,6 +333,14 @@ end
 -- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
 -- decisions sharing that microsecond still get distinct members.
 local time_us, seq, time_now_s = nil, 0, nil
+-- Reads Redis TIME into time_us (µs) and time_now_s (ms, as a string), once per call.
+local function read_time()
+  if not time_us then
+    local t = call('TIME')
+    time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    time_now_s = format('%d', floor(time_us / 1000))
+  end
+end
 -- Reservations' rids given in this call, past time_us.
 local rid_seq = 0
 
@@ -355,11 +363,7 @@ repeat
   if gateway_clock then
     base_us = now * 1000
   else
-    if not time_us then
-      local t = call('TIME')
-      time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      time_now_s = format('%d', floor(time_us / 1000))
-    end
+    read_time()
     base_us = time_us + seq
     now, now_s = floor(time_us / 1000), time_now_s
   end
@@ -1118,11 +1122,7 @@ repeat
         else
           -- Entered in the ledger, unique there: Redis's clock in µs, one more per further
           -- reservation of the call and per member taken. Pruned of what no give-back needs.
-          if not time_us then
-            local t = call('TIME')
-            time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-            time_now_s = format('%d', floor(time_us / 1000))
-          end
+          read_time()
           local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
           if type(pruned) == 'number' then
             local score = format('%d', now + lease + LEDGER_GRACE)
