@@ -436,7 +436,7 @@ fn hear_changes(mcf: &MainConf) {
 /// spending them; otherwise says how many units each leasing zone asks Redis to reserve.
 unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut leases = mcf.leases.borrow_mut();
-    let leases = leases.get_or_insert_with(|| Leases::new(LEASE_ENTRIES));
+    let leases = leases.get_or_insert_with(|| Leases::new(LEASE_ENTRIES, timer_resolution()));
     let now = ngx_current_msec as u64;
     // A request is admitted from reservations in all its zones or in none, so a location with a
     // zone that does not lease never admits from them: its zones are decided exactly
@@ -907,14 +907,21 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option
     Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
 }
 
+/// The core module's configuration of the running cycle, if any.
+unsafe fn core_conf() -> Option<&'static ngx_core_conf_t> {
+    // SAFETY: the core module's configuration is the cycle's first, set before workers start and
+    // never changed in a worker.
+    (*(*ngx_cycle).conf_ctx.add(ngx_core_module.index) as *const ngx_core_conf_t).as_ref()
+}
+
 /// `worker_processes` of the running configuration: the default share of a zone per worker.
 unsafe fn worker_processes() -> u64 {
-    // SAFETY: the core module's configuration is the cycle's first, set before workers start.
-    let ccf = *(*ngx_cycle).conf_ctx.add(ngx_core_module.index) as *const ngx_core_conf_t;
-    if ccf.is_null() {
-        return 1;
-    }
-    ((*ccf).worker_processes as u64).max(1)
+    core_conf().map_or(1, |c| (c.worker_processes as u64).max(1))
+}
+
+/// `timer_resolution` (0 when not set): how long nginx's cached clock may go without an update.
+unsafe fn timer_resolution() -> u64 {
+    core_conf().map_or(0, |c| c.timer_resolution as u64)
 }
 
 /// Why a decision failed; formatted only when it is logged, not once per request of an outage.
