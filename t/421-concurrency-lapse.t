@@ -113,10 +113,15 @@ ok(wait_until(2, sub { in_flight('conc', 'kx') == 5 }), 'restart: 5 slots held')
 my $t_restart = time;
 redis()->restart;
 # Twice the limit is sent: the bound below can fail only if more are sent than it allows.
-my @more = grep { ($_->{status} // 0) == 200 }
-    @{ http_parallel([map { { port => $gw[1]->port, request => "GET /c?k=kx&hold=1&m=$_" } } 1 .. 10]) };
-note(sprintf 'restart: %d more admitted right after it (the slots were lost with Redis)', scalar @more);
-cmp_ok(scalar @more, '<=', 5, 'restart: at most the limit admitted beside the lost slots');
+# Only Redis's admissions count: a decision that outlasts its timeout right after the restart
+# (the script is loaded again; under valgrind that can take longer) is admitted by
+# ratelimit_fail's policy, which no limit bounds.
+my $res = http_parallel([map { { port => $gw[1]->port, request => "GET /c?k=kx&hold=1&m=$_" } } 1 .. 10]);
+my @passed = grep { (header($res->[$_ - 1], 'X-RL') // '') eq 'PASSED' } 1 .. 10;
+my $failed = grep { (header($_, 'X-RL') // '') =~ /^FAILED/ } @$res;
+note(sprintf 'restart: %d more admitted by Redis right after it (the slots were lost with Redis), %d followed ratelimit_fail',
+    scalar @passed, $failed);
+cmp_ok(scalar @passed, '<=', 5, 'restart: at most the limit admitted beside the lost slots');
 # The running requests' renewals (every lease_time / 3) write their slots back: within a
 # lease_time the key counts them again, and refuses new requests while they run.
 ok(wait_until(2.5, sub { in_flight('conc', 'kx') == 5 }),
@@ -124,7 +129,9 @@ ok(wait_until(2.5, sub { in_flight('conc', 'kx') == 5 }),
 is(http_request(port => $gw[1]->port, request => 'GET /c?k=kx&hold=0')->{status}, 429,
     'restart: a new request is refused while they run');
 http_finish($_, 5) for @run;
-my $both = RLTest::SlowBackend::max_overlap($backend->intervals(qr/k=kx&/));
+my $by_redis = join '|', @passed;
+my $both = RLTest::SlowBackend::max_overlap(
+    $backend->intervals(qr/k=kx&hold=(?:3&n=\d+|1&m=(?:$by_redis)(?!\d))/));
 note("restart: the backend saw $both requests of the key at once");
 cmp_ok($both, '<=', 10, 'restart: over-admission bounded by what Redis lost (5), only just after it');
 cmp_ok(slots('conc', 'lapsed', 0) + slots('conc', 'lapsed', 1) - $lapsed0, '>=', 1,
