@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn slot_of_a_key_from_its_parts() {
-        use crate::key::Key;
+        use crate::decide::key::Key;
         assert_eq!(key_slot(&Key::new(b"rl:", b"api", b"consumer-42").parts()), 14017);
         assert_eq!(key_slot(&Key::new(b"{rl}:", b"api", b"x").parts()), 785);
         assert_eq!(key_slot(&Key::exact(b"{user1000}.followers").parts()), 3443);

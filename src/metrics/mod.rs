@@ -6,18 +6,19 @@
 //! ([`store`]), so counting never allocates and a reload keeps the counters of the zones it
 //! keeps. A zone too small for them leaves [`Metrics::disabled`], which counts nothing and
 //! exports nothing (said once, at start).
+//!
+//! Pure Rust over the cells' memory, without nginx: the glue sets up the shared zone and serves
+//! the page (`crate::glue::metrics_zone`, `crate::glue::metrics_page`) and hands the
+//! [`Metrics`] handle to `crate::redis` when it makes the worker's pool. Imports
+//! `crate::decide::status` (the statuses it counts) and nothing else of the crate.
 
 pub mod format;
-#[cfg(not(test))]
-pub mod page;
-#[cfg(not(test))]
-pub mod shm;
 pub mod store;
 
 use core::ptr;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::status::Status;
+use crate::decide::status::Status;
 use store::Cells;
 
 /// The statuses counted per zone: every final status of a request that has zones to count in

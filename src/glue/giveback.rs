@@ -1,7 +1,7 @@
 //! Returning reservations' unspent units to Redis (`lease=`), without a request: a per-worker
 //! timer gives back what expired, and on graceful shutdown or reload everything still held.
 //! The same path releases concurrency slots when their requests end, and the same timer renews
-//! the slots of requests still running (`crate::slots`), all of them due in one tick together,
+//! the slots of requests still running (`crate::decide::slots`), all of them due in one tick together,
 //! so that the pool writes them as one script call.
 //!
 //! Best effort: the guarantee never depends on it (units not given back lapse in Redis at the
@@ -18,15 +18,15 @@ use ngx::ffi::{
     ngx_event_t, ngx_exiting,
 };
 
-use crate::conf::MainConf;
-use crate::lease::{Check, GiveBack};
+use crate::codec::resp::Reply;
+use crate::decide::lease::{Check, GiveBack};
+use crate::decide::quota::Period;
+use crate::decide::script::{self, EncodedArgs, SlotOp, SlotRef};
+use crate::decide::slots::{Release, Renewal, Slots};
+use crate::glue::conf::MainConf;
 use crate::metrics::{LeaseEvent, SlotEvent};
-use crate::quota::Period;
 use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{Waiter, WorkerPool};
-use crate::redis::resp::Reply;
-use crate::script::{self, EncodedArgs, SlotOp, SlotRef};
-use crate::slots::{Release, Renewal, Slots};
 
 /// How often expired reservations are looked for: a reservation's units go back at most this
 /// long after its end.
@@ -69,7 +69,7 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
             return leases.drain();
         }
         // Reservations whose key's tracking was lost are checked once it can be had again.
-        if let Some(pool) = WorkerPool::get(mcf) {
+        if let Some(pool) = mcf.pool() {
             leases.verify_unverified(now, |key| pool.track(&[key]));
         }
         leases.sweep(now, mcf.redis.as_ref().map_or(0, |r| r.timeout as u64))
@@ -241,7 +241,7 @@ fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> Result<(), What>
         ret.ev.handler = Some(on_reply);
         ret.ev.data = r as *mut c_void;
         ret.ev.log = (*ngx_cycle).log;
-        if !submit(mcf, &mut ret.waiter, &ret.args) {
+        if !submit(mcf.pool(), &mut ret.waiter, ret.args.call()) {
             return Err(Box::from_raw(r).what);
         }
         ngx_add_timer(&mut ret.ev, redis.timeout);
@@ -265,7 +265,7 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
         return;
     }
     // NOSCRIPT after a Redis restart, a Cluster redirection: sent again within the deadline.
-    if let Follow::Resent = follow(mcf, &mut ret.waiter, &ret.args, &mut ret.retries) {
+    if let Follow::Resent = follow(mcf.pool(), &mut ret.waiter, ret.args.call(), &mut ret.retries) {
         return;
     }
     answered(mcf, &ret.what, ret.waiter.result.as_ref());
@@ -306,7 +306,7 @@ fn answered(
             // A change heard while the check was on its way: checked again, starting with the
             // key's tracking; where that cannot be had, the reservation goes.
             if leases.checked(key, check, present, now)
-                && !WorkerPool::get(mcf).is_some_and(|p| p.track(&[key]))
+                && !mcf.pool().is_some_and(|p| p.track(&[key]))
             {
                 leases.revoke(mcf.zones.len(), key);
             }

@@ -2,7 +2,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::text::StackText;
+use crate::decide::text::StackText;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeaderMode {

@@ -11,9 +11,9 @@ use ngx::ffi::{
 };
 use ngx::http::HttpModuleMainConf;
 
-use super::format::{self, Labels};
-use super::View;
-use crate::module::RateLimit;
+use crate::glue::module::RateLimit;
+use crate::metrics::format::{self, Labels};
+use crate::metrics::View;
 
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 const JSON: &str = "application/json";

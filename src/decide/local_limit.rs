@@ -7,8 +7,8 @@
 
 use std::collections::HashMap;
 
-use crate::lease::Grant;
-use crate::script::{Decision, ZoneVerdict};
+use crate::decide::lease::Grant;
+use crate::decide::script::{Decision, ZoneVerdict};
 
 /// One zone of a local decision.
 #[derive(Debug, Clone, Copy)]

@@ -14,9 +14,9 @@ use ngx::ffi::{
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_string;
 
-use crate::handler::{find_ctx, quota_figures};
-use crate::module::RateLimit;
-use crate::text::StackText;
+use crate::decide::text::StackText;
+use crate::glue::handler::{find_ctx, quota_figures};
+use crate::glue::module::RateLimit;
 
 const STATUS: usize = 0;
 const LIMIT: usize = 1;

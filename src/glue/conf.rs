@@ -7,24 +7,24 @@ use core::ptr;
 
 use ngx::core::NGX_CONF_ERROR;
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_complex_value_t, ngx_msec_t, ngx_uint_t, sockaddr, socklen_t,
-    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
+    ngx_conf_t, ngx_http_complex_value_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 
-use crate::deny_cache::DenyCache;
-use crate::headers::HeaderMode;
-use crate::key::prefix_tag;
-use crate::lease::{LeaseConf, Leases};
-use crate::local_limit::LocalLimiter;
+use crate::decide::deny_cache::DenyCache;
+use crate::decide::headers::HeaderMode;
+use crate::decide::key::prefix_tag;
+use crate::decide::lease::{LeaseConf, Leases};
+use crate::decide::local_limit::LocalLimiter;
+use crate::decide::quota::Period;
+use crate::decide::script::Algorithm;
+use crate::decide::slots::Slots;
+use crate::glue::module::RateLimit;
 use crate::metrics::store::Cells;
 use crate::metrics::Metrics;
-use crate::module::RateLimit;
-use crate::quota::Period;
+use crate::redis::conf::RedisConf;
 use crate::redis::pool::WorkerPool;
-use crate::script::Algorithm;
-use crate::slots::Slots;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clock {
@@ -51,53 +51,6 @@ pub enum FailPolicy {
     Local,
 }
 
-/// An address of `ratelimit_redis` as written and as resolved at configuration time.
-pub struct SeedAddr {
-    /// Points into the configuration cycle's pool, which outlives every worker's use.
-    pub sockaddr: *mut sockaddr,
-    pub socklen: socklen_t,
-    pub name: String,
-    pub is_unix: bool,
-}
-
-pub struct SentinelConf {
-    /// The group's name, as in the sentinels' `sentinel monitor NAME ...`.
-    pub name: String,
-    /// `AUTH` for the sentinels themselves (`sentinel_password=`, `sentinel_user=`); the
-    /// primary's is `RedisConf::auth`. Never logged.
-    pub auth: Option<Vec<u8>>,
-}
-
-pub struct RedisConf {
-    /// Points into the configuration cycle's pool, which outlives every worker's use.
-    pub sockaddr: *mut sockaddr,
-    pub socklen: socklen_t,
-    /// The address as written, for log messages.
-    pub name: String,
-    pub is_unix: bool,
-    /// Every address given, the first included: a Cluster's seeds, or the sentinels.
-    pub seeds: Vec<SeedAddr>,
-    /// `cluster=on`: the addresses are seeds of a Redis Cluster.
-    pub cluster: bool,
-    pub pool_size: usize,
-    pub timeout: ngx_msec_t,
-    pub connect_timeout: ngx_msec_t,
-    pub keepalive_timeout: ngx_msec_t,
-    pub prefix: Vec<u8>,
-    /// `AUTH [user] password`, RESP-encoded, sent first on every connection. Never logged.
-    pub auth: Option<Vec<u8>>,
-    /// `SELECT db` (`db=`), RESP-encoded, sent after `AUTH` on every data connection.
-    pub select: Option<Vec<u8>>,
-    /// `sentinel=NAME`: the addresses are sentinels, asked for the primary of this group.
-    pub sentinel: Option<SentinelConf>,
-    /// Consecutive failures that open the circuit breaker.
-    pub fail_threshold: u32,
-    /// How long an open breaker lets no decision reach Redis.
-    pub fail_backoff: ngx_msec_t,
-    /// `ssl=on`: the connections speak TLS (`crate::redis::tls`).
-    pub tls: Option<crate::redis::tls::TlsConf>,
-}
-
 pub enum KeyPiece {
     /// Compiled in the configuration pool.
     Value(*mut ngx_http_complex_value_t),
@@ -113,7 +66,7 @@ pub struct Zone {
     pub key_text: Vec<u8>,
     /// The same template split at its literal braces, for Redis Cluster; empty without any.
     pub key_pieces: Vec<KeyPiece>,
-    /// `crate::key::tag_template` of the key.
+    /// `crate::decide::key::tag_template` of the key.
     pub tag: Option<Vec<u8>>,
     pub algorithm: Algorithm,
     pub limit: Param,
@@ -130,7 +83,7 @@ pub struct Zone {
     /// `member=request_id`: `$request_id`, compiled in the configuration pool; each admitted
     /// unit of the log is stored under the request's id instead of a compact integer.
     pub member: Option<*mut ngx_http_complex_value_t>,
-    /// `lease=` and `lease_time=` (`crate::lease`); `None` for `lease=off`.
+    /// `lease=` and `lease_time=` (`crate::decide::lease`); `None` for `lease=off`.
     pub lease: Option<LeaseConf>,
     /// Where it was declared, for errors found once the whole `http{}` block is read.
     pub at: (String, ngx_uint_t),
@@ -154,10 +107,10 @@ pub struct MainConf {
     /// belongs to this configuration and goes with it on reload.
     pub deny_cache: RefCell<Option<DenyCache>>,
     /// This worker's reservations, created on the first zone that asks for one; given back at
-    /// worker exit (`crate::giveback`).
+    /// worker exit (`crate::glue::giveback`).
     pub leases: RefCell<Option<Leases>>,
     /// The concurrency slots this worker's requests hold, created on the first one; renewed by
-    /// the sweep of `crate::giveback` and released when their requests end.
+    /// the sweep of `crate::glue::giveback` and released when their requests end.
     pub slots: RefCell<Option<Slots>>,
     /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
     pub local: RefCell<Option<LocalLimiter>>,
@@ -175,6 +128,13 @@ pub struct MainConf {
 impl MainConf {
     pub fn local_size(&self) -> usize {
         self.local_size.unwrap_or(16 << 20) as usize
+    }
+
+    /// This worker's way to Redis for this configuration, made on first use; `None` without
+    /// `ratelimit_redis`.
+    pub fn pool(&self) -> Option<&'static mut WorkerPool> {
+        let redis = self.redis.as_ref()?;
+        WorkerPool::get(&self.pool, redis, self.metrics.get())
     }
 }
 

@@ -17,14 +17,14 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
-use crate::conf::{Param, Zone};
-use crate::handler::{attach, detach, pool_copy, zone_key};
-use crate::key::{percent_decode, substitute};
-use crate::module::RateLimit;
-use crate::params::{parse_cost, parse_limit, parse_window};
+use crate::decide::key::{percent_decode, substitute};
+use crate::decide::params::{parse_cost, parse_limit, parse_window};
+use crate::decide::script::{self, Algorithm, EncodedArgs, ReplyError, ZoneArgs};
+use crate::glue::conf::{Param, Zone};
+use crate::glue::module::RateLimit;
+use crate::glue::request::{attach, detach, pool_copy, wall_ms, zone_key};
 use crate::redis::follow::{follow, submit, Follow, Retries};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
-use crate::script::{self, Algorithm, EncodedArgs, ReplyError, ZoneArgs};
 
 /// What an admin request asks of its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         zone: zi,
         given,
         limit,
-        window_ms: zone.period.map_or(window, |p| p.length_ms(crate::handler::wall_ms())),
+        window_ms: zone.period.map_or(window, |p| p.length_ms(wall_ms())),
     })) else {
         return NGX_ERROR as ngx_int_t;
     };
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     (*cln).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     attach(&mut c.waiter, &mut c.ev, on_event, r);
-    if !submit(mcf, &mut c.waiter, &c.args) {
+    if !submit(mcf.pool(), &mut c.waiter, c.args.call()) {
         return finish(c);
     }
     ngx_add_timer(&mut c.ev, redis.timeout);
@@ -221,7 +221,7 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         return;
     }
     // An operator's write is retried by the operator: no pause for TRYAGAIN.
-    if let Follow::Resent = follow(mcf, &mut ctx.waiter, &ctx.args, &mut ctx.retries) {
+    if let Follow::Resent = follow(mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries) {
         return;
     }
     detach(&mut ctx.waiter, &mut ctx.ev);

@@ -19,8 +19,8 @@
 
 use std::collections::HashMap;
 
-use crate::lease::Grant;
-use crate::script::{Decision, SlotRef, ZoneVerdict};
+use crate::decide::lease::Grant;
+use crate::decide::script::{Decision, SlotRef, ZoneVerdict};
 
 /// `lease_time`'s default for a concurrency zone: a slot of a worker that died (SIGKILL, OOM, a
 /// machine gone) keeps its room taken at most this long, while a slot of a running request

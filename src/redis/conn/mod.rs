@@ -25,12 +25,12 @@ use ngx::ffi::{
 use super::batch;
 use super::node::NodePool;
 use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
-use super::resp::{self, Reply};
 use super::tls;
 use super::topology::redirect_from;
 use super::tracker::Tracker;
+use crate::codec::call::{self, Args, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
+use crate::codec::resp::{self, Reply};
 use crate::metrics::{Counter, Gauge};
-use crate::script::{self, EncodedArgs, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 
 const READ_CHUNK: usize = 4096;
 /// Decisions written and not yet answered, per connection. Redis runs them one after another,
@@ -367,8 +367,9 @@ impl Conn {
         let now = unsafe { ngx_current_msec };
         let written = Instant::now();
         // SAFETY: the pool outlives its connections.
-        let (metrics, per_node) = unsafe { ((*self.pool).metrics, (*self.pool).per_node()) };
-        let mut batch: Vec<&EncodedArgs> = Vec::new();
+        let (metrics, per_node, script) =
+            unsafe { ((*self.pool).metrics, (*self.pool).per_node(), (*self.pool).conf().script) };
+        let mut batch: Vec<&Args> = Vec::new();
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
             let Some(head) = self.queued.front().map(|q| q.cmd) else { break };
             if let Payload::Raw(bytes) = head.payload {
@@ -402,7 +403,7 @@ impl Conn {
             }
             if reload {
                 // Once for the whole batch; Redis runs it before the call that needs it.
-                script::write_script_load(&mut self.out, script::script());
+                call::write_script_load(&mut self.out, script);
                 self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
                 metrics.count(Counter::ScriptLoads);
             }
@@ -411,7 +412,7 @@ impl Conn {
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
                 self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
             }
-            script::write_batch(&mut self.out, script::script(), &batch, mixed);
+            call::write_batch(&mut self.out, script, &batch, mixed);
             let sent = Sent::new(now, batch.len(), written, resp::MAX_REPLY_LEN);
             self.sent.push_back(Sent { mixed, ..sent });
             metrics.gauge(Gauge::InFlight, batch.len() as i64);
@@ -581,7 +582,7 @@ impl Conn {
                         let n = sent.decides;
                         pool.metrics.gauge(Gauge::InFlight, -(n as i64));
                         pool.metrics.round_trip(sent.written.elapsed().as_micros() as u64);
-                        let reply = match script::split_batch(reply, n) {
+                        let reply = match call::split_batch(reply, n) {
                             Ok(replies) => {
                                 let mut again = Vec::new();
                                 for ((seq, w, cmd), reply) in conn.in_flight.drain(..n).zip(replies)

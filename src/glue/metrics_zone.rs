@@ -11,10 +11,10 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
-use super::store::{self, Directory, Slab};
-use super::Metrics;
-use crate::conf::MainConf;
-use crate::module::ngx_http_ratelimit_module;
+use crate::glue::conf::MainConf;
+use crate::glue::module::ngx_http_ratelimit_module;
+use crate::metrics::store::{self, Directory, Slab};
+use crate::metrics::Metrics;
 
 const NAME: &str = "ratelimit_metrics";
 

@@ -17,8 +17,8 @@ use ngx::ffi::{
 use ngx::http::HttpModule;
 use ngx::ngx_log_error;
 
-use crate::conf::{LimitRef, LocConf};
-use crate::module::RateLimit;
+use crate::glue::conf::{LimitRef, LocConf};
+use crate::glue::module::RateLimit;
 
 /// Called from postconfiguration, when every server's locations are merged and in their trees.
 pub unsafe fn warn(cf: *mut ngx_conf_t, cmcf: &ngx_http_core_main_conf_t) {

@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use super::resp::Reply;
-use super::slot::SLOTS;
+use crate::codec::resp::Reply;
+use crate::codec::slot::SLOTS;
 
 /// A node's address as Redis announces it: an IP (v4 or v6, never bracketed) or a hostname.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -301,8 +301,8 @@ impl SlotTable {
 
 #[cfg(test)]
 mod tests {
-    use super::super::resp::decode;
     use super::*;
+    use crate::codec::resp::decode;
 
     /// `*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n` sent to port 17001 of a 3 primaries + 3 replicas
     /// cluster (redis-server 7.0.15, `redis-cli --cluster create ... --cluster-replicas 1`),
@@ -371,7 +371,7 @@ mod tests {
             assert_eq!(t.served(), 16384);
             assert_eq!(t.nodes().len(), 3);
             let of = |key: &str| {
-                let slot = super::super::slot::key_slot(&[key.as_bytes()]);
+                let slot = crate::codec::slot::key_slot(&[key.as_bytes()]);
                 t.nodes()[t.node_of(slot).unwrap()].port
             };
             // Measured: `GET foo` on 17001 answered `MOVED 12182 127.0.0.1:17003`.

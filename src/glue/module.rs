@@ -11,9 +11,10 @@ use ngx::ffi::{
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_log_error;
 
-use crate::conf::{merge_loc_conf, LocConf, MainConf, Param};
+use crate::decide::script;
+use crate::glue::conf::{merge_loc_conf, LocConf, MainConf, Param};
+use crate::glue::{auth_target, directives, handler, variables};
 use crate::redis::pool::WorkerPool;
-use crate::{auth_target, directives, handler, script, variables};
 
 pub struct RateLimit;
 
@@ -68,11 +69,11 @@ unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *
     // A slot must outlive a renewal that times out, and the next one: checked once both
     // `ratelimit_redis` and the zones are read, whatever their order.
     let timeout = mcf.redis.as_ref().map_or(0, |r| r.timeout as u64);
-    let least = crate::slots::min_life_for(timeout);
+    let least = crate::decide::slots::min_life_for(timeout);
     for z in mcf.zones.iter_mut().filter(|z| z.concurrency()) {
         // No lease_time=: the default, or longer if the timeout asks for it.
         if let Param::Fixed(0) = z.window {
-            z.window = Param::Fixed(crate::slots::DEFAULT_SLOT_MS.max(least));
+            z.window = Param::Fixed(crate::decide::slots::DEFAULT_SLOT_MS.max(least));
         }
         let (Param::Fixed(life), (file, line)) = (z.window, &z.at) else { continue };
         if life < least {
@@ -124,7 +125,7 @@ pub static mut ngx_http_ratelimit_module: ngx_module_t = ngx_module_t {
 unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     if let Some(mcf) = RateLimit::main_conf(&*cycle) {
         if mcf.redis.as_ref().is_some_and(|r| r.sentinel.is_some()) {
-            WorkerPool::get(mcf);
+            mcf.pool();
         }
     }
     Status::NGX_OK.into()
@@ -135,7 +136,7 @@ unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     if let Some(mcf) = RateLimit::main_conf(&*cycle) {
         WorkerPool::destroy(&mcf.pool);
-        crate::giveback::exit();
+        crate::glue::giveback::exit();
         // The gauge sums the workers' caches: this one's entries go with it.
         let entries = mcf.deny_cache.borrow().as_ref().map_or(0, |c| c.len());
         mcf.metrics.get().deny_cache_entries(-(entries as i64));

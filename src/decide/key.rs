@@ -61,16 +61,16 @@ pub fn shorten(value: &[u8], template: &[u8], keep_tag: bool) -> Option<Vec<u8>>
     let head = if value.starts_with(head) { head } else { b"" };
     let mut out = Vec::with_capacity(head.len() + MAX_RAW_KEY + 43);
     out.extend_from_slice(head);
-    if let Some(tag) = keep_tag.then(|| crate::redis::slot::hash_tag(value)).flatten() {
+    if let Some(tag) = keep_tag.then(|| crate::codec::slot::hash_tag(value)).flatten() {
         out.push(b'{');
         if tag.len() <= MAX_RAW_KEY {
             out.extend_from_slice(tag);
         } else {
-            out.extend_from_slice(&crate::script::sha1_hex(tag));
+            out.extend_from_slice(&crate::codec::call::sha1_hex(tag));
         }
         out.push(b'}');
     }
-    out.extend_from_slice(&crate::script::sha1_hex(value));
+    out.extend_from_slice(&crate::codec::call::sha1_hex(value));
     Some(out)
 }
 
@@ -155,7 +155,7 @@ pub fn percent_decode(s: &[u8]) -> Vec<u8> {
 
 /// A piece of a key template, for Redis Cluster: the braces written in the configuration are
 /// the only ones that may make a hash tag, so they are kept apart from the text around them,
-/// whose variables' values are escaped ([`crate::redis::slot::neutralize_braces`]).
+/// whose variables' values are escaped ([`crate::codec::slot::neutralize_braces`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece<'a> {
     /// Text with variables, evaluated per request.
@@ -223,7 +223,7 @@ pub fn cluster_value<'a>(pieces: impl Iterator<Item = Piece<'a>>) -> Vec<u8> {
     let mut out = Vec::new();
     for piece in pieces {
         match piece {
-            Piece::Text(t) => out.extend_from_slice(&crate::redis::slot::neutralize_braces(t)),
+            Piece::Text(t) => out.extend_from_slice(&crate::codec::slot::neutralize_braces(t)),
             Piece::Brace(b) => out.push(b),
         }
     }
@@ -233,7 +233,7 @@ pub fn cluster_value<'a>(pieces: impl Iterator<Item = Piece<'a>>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis::slot::key_slot;
+    use crate::codec::slot::key_slot;
     use Piece::*;
 
     #[test]
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn long_values_are_hashed_behind_the_literal_head() {
-        let sha = |v: &[u8]| crate::script::sha1_hex(v).to_vec();
+        let sha = |v: &[u8]| crate::codec::call::sha1_hex(v).to_vec();
         let value = [b"rl:sw:".as_slice(), &[b'a'; 5000]].concat();
         // An exact key stays inside the ACL's `~rl:*` (issue: a client opened the breaker).
         let short = shorten(&value, b"rl:sw:$arg_id", false).unwrap();
