@@ -180,17 +180,6 @@ mod tests {
     }
 
     #[test]
-    fn slot_of_a_key_from_its_parts() {
-        use crate::decide::key::Key;
-        assert_eq!(key_slot(&Key::new(b"rl:", b"api", b"consumer-42").parts()), 14017);
-        assert_eq!(key_slot(&Key::new(b"{rl}:", b"api", b"x").parts()), 785);
-        assert_eq!(key_slot(&Key::exact(b"{user1000}.followers").parts()), 3443);
-        let value = neutralize_braces(b"{user1000}");
-        let key = Key::new(b"rl:", b"api", &value);
-        assert_eq!(key_slot(&key.parts()), crc16(b"rl:api:%7Buser1000%7D") & (SLOTS - 1));
-    }
-
-    #[test]
     fn tag_rule_edge_cases() {
         let whole = |k: &[u8]| crc16(k) & (SLOTS - 1);
         assert_eq!(key_slot(&[]), 0);

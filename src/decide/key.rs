@@ -347,4 +347,15 @@ mod tests {
         assert_eq!(substitute(b"$arg_k", b"{b}", true).unwrap(), b"%7Bb%7D");
         assert_eq!(percent_decode(b"a%20b%2Bc+%zz%4"), b"a b+c+%zz%4");
     }
+
+    #[test]
+    fn slot_of_a_key_from_its_parts() {
+        use crate::codec::slot::{crc16, neutralize_braces, SLOTS};
+        assert_eq!(key_slot(&Key::new(b"rl:", b"api", b"consumer-42").parts()), 14017);
+        assert_eq!(key_slot(&Key::new(b"{rl}:", b"api", b"x").parts()), 785);
+        assert_eq!(key_slot(&Key::exact(b"{user1000}.followers").parts()), 3443);
+        let value = neutralize_braces(b"{user1000}");
+        let key = Key::new(b"rl:", b"api", &value);
+        assert_eq!(key_slot(&key.parts()), crc16(b"rl:api:%7Buser1000%7D") & (SLOTS - 1));
+    }
 }

@@ -6,7 +6,7 @@
 //! stays near `OUT_HIGH`, and a decision whose request has given up before it was written is
 //! never sent. Every command must be answered within `timeout` of being written, the oldest
 //! first: a Redis that reads or answers too slowly loses the connection, which counts as a
-//! failure for the breaker.
+//! failure for the breaker. The writing side is [`write`], the reading side [`read`].
 
 use core::ffi::{c_int, c_void};
 use core::ptr::{self, NonNull};
@@ -16,21 +16,21 @@ use std::time::Instant;
 use ngx::ffi::{
     getsockopt, linger, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec,
     ngx_cycle, ngx_del_timer, ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer,
-    ngx_event_t, ngx_exiting, ngx_handle_read_event, ngx_handle_write_event, ngx_log_t,
-    ngx_msec_int_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event, ngx_posted_events,
+    ngx_event_t, ngx_log_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event, ngx_posted_events,
     ngx_str_t, ngx_tcp_nodelay, setsockopt, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK,
     SOL_SOCKET, SO_ERROR, SO_LINGER,
 };
 
-use super::batch;
 use super::node::NodePool;
-use super::pool::{complete, Command, Payload, RedisError, Token, Waiter};
+use super::pool::{complete, Command, RedisError, Token, Waiter};
 use super::tls;
-use super::topology::redirect_from;
 use super::tracker::Tracker;
-use crate::codec::call::{self, Args, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
-use crate::codec::resp::{self, Reply};
-use crate::metrics::{Counter, Gauge};
+use crate::codec::call::MAX_BATCH_DECISIONS;
+use crate::codec::resp;
+use crate::metrics::Gauge;
+
+mod read;
+mod write;
 
 const READ_CHUNK: usize = 4096;
 /// Decisions written and not yet answered, per connection. Redis runs them one after another,
@@ -355,336 +355,12 @@ impl Conn {
         }
     }
 
-    /// Moves queued commands into the output buffer while there is room on the wire, in order:
-    /// decisions as script calls of up to `MAX_BATCH_DECISIONS` decisions and
-    /// `MAX_BATCH_BYTES` each, all of one Cluster slot; a raw command, or a decision after
-    /// `ASK`, alone. A batch only ever holds what was queued already: nothing waits for more.
-    fn fill(&mut self) {
-        if self.setting_up > 0 {
-            return;
-        }
-        // SAFETY: a worker's cached clock, read on its only thread.
-        let now = unsafe { ngx_current_msec };
-        let written = Instant::now();
-        // SAFETY: the pool outlives its connections.
-        let (metrics, per_node, script) =
-            unsafe { ((*self.pool).metrics, (*self.pool).per_node(), (*self.pool).conf().script) };
-        let mut batch: Vec<&Args> = Vec::new();
-        while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
-            let Some(head) = self.queued.front().map(|q| q.cmd) else { break };
-            if let Payload::Raw(bytes) = head.payload {
-                // SAFETY: a queued command is pending, and its owner keeps its bytes meanwhile.
-                self.out.extend_from_slice(unsafe { bytes.as_ref() });
-                self.sent.push_back(Sent::new(now, 1, written, head.max_reply));
-                metrics.gauge(Gauge::InFlight, 1);
-                let q = self.queued.pop_front().expect("head");
-                self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
-                continue;
-            }
-            let room = MAX_IN_FLIGHT - self.in_flight.len();
-            let most = if head.asking || head.alone { 1 } else { room.min(MAX_BATCH_DECISIONS) };
-            let (mut bytes, mut reload, mut mixed) = (0, false, false);
-            batch.clear();
-            for q in self.queued.iter().take(most) {
-                let Payload::Decision(args) = q.cmd.payload else { break };
-                if !batch.is_empty() && !batch::joins(head.shape(), q.cmd.shape(), per_node) {
-                    break;
-                }
-                // SAFETY: a queued decision is pending (a cancelled one left the queue), so
-                // its request and the arguments in its pool are alive.
-                let args = unsafe { args.as_ref() };
-                bytes += args.wire_len();
-                if !batch.is_empty() && bytes > MAX_BATCH_BYTES {
-                    break;
-                }
-                batch.push(args);
-                reload |= q.cmd.reload;
-                mixed |= q.cmd.slot != head.slot;
-            }
-            if reload {
-                // Once for the whole batch; Redis runs it before the call that needs it.
-                call::write_script_load(&mut self.out, script);
-                self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
-                metrics.count(Counter::ScriptLoads);
-            }
-            if head.asking {
-                // Lets the importing node serve the next command only; its `+OK` is dropped.
-                self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
-                self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
-            }
-            call::write_batch(&mut self.out, script, &batch, mixed);
-            let sent = Sent::new(now, batch.len(), written, resp::MAX_REPLY_LEN);
-            self.sent.push_back(Sent { mixed, ..sent });
-            metrics.gauge(Gauge::InFlight, batch.len() as i64);
-            for q in self.queued.drain(..batch.len()) {
-                self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
-            }
-        }
-    }
-
-    /// Puts decisions of an answered call back in the queue, in their place by age: before
-    /// anything queued after them, and in the order `cancel` looks them up in.
-    fn requeue(&mut self, again: Vec<Queued>) {
-        for q in again {
-            let i = self.queued.partition_point(|x| x.seq < q.seq);
-            self.queued.insert(i, q);
-        }
-    }
-
     /// The node a pending waiter's command went to.
     ///
     /// # Safety
     /// The token's waiter is pending, so its connection is alive.
     pub unsafe fn node(token: Token) -> *mut NodePool {
         (*token.conn.as_ptr()).pool
-    }
-
-    /// Writes queued decisions and as much of the output as the socket takes.
-    unsafe fn flush(this: NonNull<Conn>) {
-        let conn = &mut *this.as_ptr();
-        if !conn.connected {
-            // on_write flushes once the connect is done.
-            return;
-        }
-        let c = conn.c();
-        loop {
-            if conn.out_pos == conn.out.len() {
-                conn.out.clear();
-                conn.out_pos = 0;
-                if conn.out.capacity() > KEEP_CAPACITY {
-                    conn.out.shrink_to(READ_CHUNK);
-                }
-                conn.fill();
-                if conn.out.is_empty() {
-                    break;
-                }
-            }
-            let rest = &conn.out[conn.out_pos..];
-            let n = ((*c).send.expect("send"))(c, rest.as_ptr() as *mut u8, rest.len());
-            if n > 0 {
-                conn.out_pos += n as usize;
-            } else if n == NGX_AGAIN as isize {
-                break;
-            } else {
-                return Conn::close(this, RedisError::Io, true);
-            }
-        }
-        let wev = (*c).write;
-        if conn.out.is_empty() {
-            if (*wev).timer_set() != 0 {
-                ngx_del_timer(wev);
-            }
-        } else if (*wev).timer_set() == 0 {
-            // From the moment the socket stopped taking bytes, not re-armed by later flushes:
-            // a Redis that reads too slowly must not keep the deadline sliding.
-            ngx_add_timer(wev, (*conn.pool).conf().timeout);
-        }
-        conn.arm_reply_deadline();
-        if ngx_handle_write_event(wev, 0) != NGX_OK as isize {
-            Conn::close(this, RedisError::Io, true);
-        }
-    }
-
-    /// The read timer: the oldest unanswered command's deadline.
-    unsafe fn arm_reply_deadline(&mut self) {
-        let Some(oldest) = self.sent.front() else { return };
-        let due = oldest.at.wrapping_add((*self.pool).conf().timeout);
-        let left = due.wrapping_sub(ngx_current_msec) as ngx_msec_int_t;
-        ngx_add_timer((*self.c()).read, left.max(1) as ngx_msec_t);
-    }
-
-    /// Whether the oldest unanswered command is past its deadline (the read timer may fire a
-    /// little early: nginx keeps an armed timer that is within 300 ms of a new one).
-    unsafe fn overdue(&self) -> bool {
-        self.sent
-            .front()
-            .is_some_and(|s| ngx_current_msec.wrapping_sub(s.at) >= (*self.pool).conf().timeout)
-    }
-
-    unsafe fn read(this: NonNull<Conn>) {
-        let conn = &mut *this.as_ptr();
-        let c = conn.c();
-        let pool = &mut *conn.pool;
-        let mut replace = false;
-        // Read in rounds of at most one reply's worth, decoding between them: the socket is
-        // edge-triggered, so it is read until EAGAIN, but never buffered without bound.
-        let eof = loop {
-            let mut drained = false;
-            let mut eof = false;
-            let limit =
-                |conn: &Conn| conn.sent.front().map_or(resp::MAX_REPLY_LEN, |s| s.max_reply);
-            while conn.inbuf.len() <= limit(conn) {
-                conn.inbuf.reserve(READ_CHUNK);
-                let len = conn.inbuf.len();
-                let spare = conn.inbuf.capacity() - len;
-                let dst = conn.inbuf.as_mut_ptr().add(len);
-                let n = ((*c).recv.expect("recv"))(c, dst, spare);
-                if n > 0 {
-                    conn.inbuf.set_len(len + n as usize);
-                } else if n == 0 {
-                    eof = true;
-                    break;
-                } else if n == NGX_AGAIN as isize {
-                    drained = true;
-                    break;
-                } else {
-                    return Conn::close(this, RedisError::Io, true);
-                }
-            }
-            let mut pos = 0;
-            loop {
-                let max = limit(conn);
-                match resp::decode_framed(&mut conn.framer, &conn.inbuf[pos..], max) {
-                    Ok(Some((mut reply, used))) => {
-                        pos += used;
-                        // `MOVED 3999 :6381` means this node's host; other error replies
-                        // (NOSCRIPT, a key's refusal) need no address worked out.
-                        if let Reply::Error(e) = &reply {
-                            let redirect = e.starts_with(b"MOVED ") || e.starts_with(b"ASK ");
-                            let asked = || pool.addr.node_addr();
-                            if let Some(e) =
-                                redirect.then(asked).flatten().and_then(|a| redirect_from(e, &a))
-                            {
-                                reply = Reply::Error(e);
-                            }
-                        }
-                        let late = conn.overdue();
-                        let sent = conn.sent.pop_front();
-                        if let Some((tracker, sub)) = conn.dedicated {
-                            if sent.as_ref().is_none_or(|s| s.setup.is_none()) {
-                                // Asked for or not: an invalidation comes unasked.
-                                (*tracker.as_ptr()).replied(sub, reply);
-                                continue;
-                            }
-                        }
-                        let Some(sent) = sent else {
-                            return Conn::close(this, RedisError::UnexpectedReply, true);
-                        };
-                        if let Some(step) = sent.setup {
-                            if let Err(why) = pool.set_up(step, &reply) {
-                                // What waits here follows the fail policy; a new connection
-                                // tries again (or a Sentinel group asks for its primary).
-                                return Conn::close(this, why, true);
-                            }
-                            conn.setting_up -= 1;
-                            if conn.setting_up == 0 {
-                                ngx_post_event(
-                                    &mut conn.flush_ev,
-                                    ptr::addr_of_mut!(ngx_posted_events),
-                                );
-                            }
-                            continue;
-                        }
-                        replace |= pool.replied(&reply, late);
-                        if sent.decides == 0 {
-                            continue;
-                        }
-                        let n = sent.decides;
-                        pool.metrics.gauge(Gauge::InFlight, -(n as i64));
-                        pool.metrics.round_trip(sent.written.elapsed().as_micros() as u64);
-                        let reply = match call::split_batch(reply, n) {
-                            Ok(replies) => {
-                                let mut again = Vec::new();
-                                for ((seq, w, cmd), reply) in conn.in_flight.drain(..n).zip(replies)
-                                {
-                                    let Some(w) = w else { continue };
-                                    match &reply {
-                                        Reply::Error(e) if sent.mixed => {
-                                            if let Some(why) = batch::not_local(e) {
-                                                pool.not_local(why);
-                                                again.push(Queued::alone(seq, w, cmd));
-                                                continue;
-                                            }
-                                        }
-                                        _ => {}
-                                    }
-                                    complete(w, Ok(reply));
-                                }
-                                conn.requeue(again);
-                                continue;
-                            }
-                            Err(reply) => reply,
-                        };
-                        if n > 1
-                            && matches!(&reply, Reply::Error(e) if batch::redo_alone(e, sent.mixed))
-                        {
-                            // Refused or redirected before it ran, for the keys of one of its
-                            // decisions (`NOPERM`; in a node's batch, the declared ones):
-                            // nothing was applied. Each goes again in a call of its own, so that
-                            // only the one at fault gets the refusal or follows the redirection.
-                            let again = conn
-                                .in_flight
-                                .drain(..n)
-                                .filter_map(|(seq, w, cmd)| Some(Queued::alone(seq, w?, cmd)))
-                                .collect();
-                            conn.requeue(again);
-                            continue;
-                        }
-                        // Concerns the whole call (`NOSCRIPT`): every decision of it.
-                        for (_, w, _) in conn.in_flight.drain(..n) {
-                            if let Some(w) = w {
-                                complete(w, Ok(reply.clone()));
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => return Conn::close(this, RedisError::Protocol(e), true),
-                }
-            }
-            conn.inbuf.drain(..pos);
-            if eof || drained {
-                break eof;
-            }
-        };
-        if conn.inbuf.is_empty() && conn.inbuf.capacity() > KEEP_CAPACITY {
-            conn.inbuf.shrink_to(READ_CHUNK);
-        }
-        if eof {
-            // Redis closing an idle connection (its `timeout`, a restart) is no outage.
-            let busy = !conn.sent.is_empty() || !conn.queued.is_empty();
-            if !busy {
-                // Still news for a Sentinel group: Sentinel cuts the clients of a node it
-                // reconfigures, and a primary killed and restarted meanwhile is stale.
-                pool.closed_idle();
-            }
-            return Conn::close(this, RedisError::Closed, busy);
-        }
-        if replace {
-            // Already counted as a failure; what is still pending follows the fail policy.
-            return Conn::close(this, RedisError::Closed, false);
-        }
-        let rev = (*c).read;
-        if conn.sent.is_empty() && conn.queued.is_empty() {
-            if ngx_exiting != 0 {
-                return Conn::close(this, RedisError::Closed, false);
-            }
-            // A tracker's connection stays, to hear of changes; `keepalive_timeout=0`, as
-            // nginx's: no keepalive, a decision connection is closed as soon as idle. A private
-            // one has done its one job.
-            let keepalive = pool.conf().keepalive_timeout;
-            if (keepalive == 0 && conn.dedicated.is_none()) || conn.private {
-                return Conn::close(this, RedisError::Closed, false);
-            }
-            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too. The
-            // reply deadline still armed goes first: nginx keeps an armed timer within 300 ms
-            // of a new one, which made a short keepalive the reply deadline.
-            (*c).set_idle(1);
-            if (*rev).timer_set() != 0 {
-                ngx_del_timer(rev);
-            }
-            if conn.dedicated.is_none() {
-                ngx_add_timer(rev, keepalive);
-            }
-        } else {
-            conn.arm_reply_deadline();
-            if !conn.queued.is_empty() {
-                // Replies made room on the wire.
-                ngx_post_event(&mut conn.flush_ev, ptr::addr_of_mut!(ngx_posted_events));
-            }
-        }
-        if ngx_handle_read_event(rev, 0) != NGX_OK as isize {
-            Conn::close(this, RedisError::Io, true);
-        }
     }
 }
 
