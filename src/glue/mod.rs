@@ -5,8 +5,7 @@
 //! (`RateLimit::main_conf`, the worker's pool through [`conf::MainConf::pool`]), is here.
 //!
 //! May import every layer below: `crate::redis`, `crate::metrics`, `crate::decide`,
-//! `crate::codec`. Compiled out of unit tests, which cannot link nginx; `unsafe` lives here and
-//! in `crate::redis` only, each block with its `// SAFETY:` reason.
+//! `crate::codec`. Compiled out of unit tests, which cannot link nginx.
 
 mod admin;
 mod auth_target;

@@ -6,9 +6,9 @@
 //! Imports `crate::codec` (RESP, key slots, the script call's framing) and `crate::metrics`
 //! (the handle it counts through), and nothing above: never the glue or its configuration
 //! structures, nor `crate::decide`. It owns its configuration ([`conf::RedisConf`], what
-//! `ratelimit_redis` says), is handed the metrics handle and the script when the pool is made
-//! ([`pool::WorkerPool::get`]), and carries decisions as encoded call arguments
-//! (`codec::call::Args`) whose replies it hands back unread. Its pure parts (breaker, batching
+//! `ratelimit_redis` says, the script its calls run included), is handed it and the metrics
+//! handle when the pool is made ([`pool::WorkerPool::get`]), and carries decisions as encoded
+//! call arguments (`codec::call::Args`) whose replies it hands back unread. Its pure parts (breaker, batching
 //! rule, topology parsing, invalidation events, TLS parameters) are unit-tested; the rest needs
 //! nginx and is compiled out of unit tests.
 
