@@ -2,6 +2,8 @@
 //! deny cache), reservations (`lease=`) and the concurrency slots its requests hold; and what
 //! Redis said changed, heard before any of it is trusted.
 
+use ngx::ffi::ngx_current_msec;
+
 use crate::decide::deny_cache::{Denial, DenyCache, UNTIL_CHANGED};
 use crate::decide::lease::{Ask, Leases};
 use crate::decide::script::{Algorithm, Decision};
@@ -11,7 +13,6 @@ use crate::glue::conf::MainConf;
 use crate::glue::giveback;
 use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::redis::invalidation::{self, Forget};
-use ngx::ffi::ngx_current_msec;
 
 use super::{Ctx, ZoneReq};
 
