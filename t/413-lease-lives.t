@@ -27,6 +27,7 @@ my $http = <<'EOF';
     ratelimit_zone tat key=$arg_k limit=100 window=1h algorithm=gcra burst=100 lease=20 lease_time=10s;
     ratelimit_zone api key=$arg_k limit=1000 window=1m lease=auto;
     ratelimit_zone ip key=$arg_k limit=1000 window=1m;
+    ratelimit_zone both key=$arg_k limit=1000 window=1m lease=10 lease_time=10s;
 EOF
 my $config = <<'EOF';
     add_header X-RL $ratelimit_status always;
@@ -40,12 +41,14 @@ my $config = <<'EOF';
     location /short { ratelimit short; }
     location /tat { ratelimit tat; }
     location /mixed { ratelimit api; ratelimit ip; }
+    location /both { ratelimit both; }
+    location /bothmixed { ratelimit both; ratelimit ip; }
     location = /admin/quota { ratelimit_admin quota; }
     location = /admin/counter { ratelimit_admin counter; }
     location = /admin/balance { ratelimit_admin balance; }
     location = /admin/log { ratelimit_admin log; }
 EOF
-nginx()->write_html({ map { $_ => "ok\n" } qw(quota quota1 counter1 balance1 counter balance log short tat mixed) });
+nginx()->write_html({ map { $_ => "ok\n" } qw(quota quota1 counter1 balance1 counter balance log short tat mixed both bothmixed) });
 # Gateway C's Redis user may not track keys (a managed service, an ACL without
 # CLIENT): its reservations live 100 ms, and a reset goes unheard by it.
 redis_cmd('ACL', 'SETUSER', 'untracked', 'on', '>pw', '~rl:*', '+@all', '-client');
@@ -154,6 +157,15 @@ for my $round (1 .. 3) {
     is(redis_calls('evalsha') - $before, 60, 'mixed: one script call per request');
     is(redis_cmd('ZCARD', 'rl:api:f5'), 60, 'mixed: exactly the 60 admissions counted, nothing reserved');
     is(redis_cmd('EXISTS', 'rl:api:f5|lease{rl:api:f5}'), 0, 'mixed: no reservation was granted');
+}
+# A zone that leases in one location and not in another: the plain decision
+# must not cut the key's TTL (the window) below the reserved units' end plus
+# the window, or units spent late would leave the count early.
+{
+    is(join(' ', map { req('A', 'both', 'f5ttl') } 1 .. 2), 'PASSED PASSED_LEASE', 'mixed TTL: A holds 9 for 10 s');
+    req('B', 'bothmixed', 'f5ttl');
+    my $ttl = redis_cmd('PTTL', 'rl:both:f5ttl');
+    ok($ttl > 65_000, "mixed TTL: a decision in the mixed location keeps the key past the reservation's end and a window ($ttl ms)");
 }
 
 # Expiry: the key lapses in Redis (a quota's period, a key's TTL) while A holds

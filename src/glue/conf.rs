@@ -7,7 +7,8 @@ use core::ptr;
 
 use ngx::core::NGX_CONF_ERROR;
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_complex_value_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
+    ngx_conf_t, ngx_core_conf_t, ngx_core_module, ngx_cycle, ngx_http_complex_value_t, ngx_uint_t,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
@@ -315,4 +316,21 @@ unsafe fn fail(cf: *mut ngx_conf_t, limit: &LimitRef, what: &str) -> *mut c_char
     let msg = what.replace("%s", &limit.name);
     ngx_log_error!(NGX_LOG_EMERG, (*cf).log, "{msg} in {}:{}", limit.file, limit.line);
     NGX_CONF_ERROR as _
+}
+
+/// The core module's configuration of the running cycle, if any.
+unsafe fn core_conf() -> Option<&'static ngx_core_conf_t> {
+    // SAFETY: the core module's configuration is the cycle's first, set before workers start and
+    // never changed in a worker.
+    (*(*ngx_cycle).conf_ctx.add(ngx_core_module.index) as *const ngx_core_conf_t).as_ref()
+}
+
+/// `worker_processes` of the running configuration: the default share of a zone per worker.
+pub unsafe fn worker_processes() -> u64 {
+    core_conf().map_or(1, |c| (c.worker_processes as u64).max(1))
+}
+
+/// `timer_resolution` (0 when not set): how long nginx's cached clock may go without an update.
+pub unsafe fn timer_resolution() -> u64 {
+    core_conf().map_or(0, |c| c.timer_resolution as u64)
 }

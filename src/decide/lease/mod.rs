@@ -230,13 +230,18 @@ pub struct Leases {
     /// Some reservation is `unverified`, to be checked from `verify_at` on.
     unverified: bool,
     verify_at: u64,
+    /// How far behind the real time the worker's clock may be beyond an iteration: nginx's
+    /// `timer_resolution`, which updates the cached clock only when its timer fires, so a unit
+    /// read as spent in time could be spent that much after Redis's end of it.
+    lag_ms: u64,
 }
 
 impl Leases {
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize, lag_ms: u64) -> Self {
         Leases {
             map: HashMap::new(),
             capacity: capacity.max(1),
+            lag_ms,
             scratch: Vec::new(),
             back: Vec::new(),
             unverified: false,
@@ -378,7 +383,8 @@ impl Leases {
         reset_ms: u64,
         log: bool,
     ) -> Option<GiveBack> {
-        if grant.units == 0 || grant.life_ms <= margin_ms(grant.life_ms) {
+        let margin = margin_ms(grant.life_ms) + self.lag_ms;
+        if grant.units == 0 || grant.life_ms <= margin {
             return None;
         }
         let full = self.map.len() >= self.capacity;
@@ -403,14 +409,7 @@ impl Leases {
         });
         // The handler has just renewed the key's tracking, after this decision's write.
         (e.asking_until, e.wrote) = (0, false);
-        let old = e.held.replace(held(
-            grant,
-            margin_ms(grant.life_ms),
-            ask.figures,
-            remaining,
-            started,
-            reset_ms,
-        ));
+        let old = e.held.replace(held(grant, margin, ask.figures, remaining, started, reset_ms));
         old.and_then(|h| h.give_back(ask.zone, &flat_key(&key), log))
     }
 

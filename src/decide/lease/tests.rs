@@ -30,7 +30,7 @@ fn life_is_lease_time_at_most_a_quarter_of_the_window() {
 
 #[test]
 fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     let a = ask(b"k", 1);
     for t in 0..4 {
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, t), 0, "seen {t}");
@@ -55,7 +55,7 @@ fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
 
 #[test]
 fn spends_locally_until_spent_or_expired_with_the_margin() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     let a = ask(b"k", 2);
     assert_eq!(l.try_spend(&[ask(b"k", 1)], 0), None);
     assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false), None);
@@ -72,8 +72,21 @@ fn spends_locally_until_spent_or_expired_with_the_margin() {
 }
 
 #[test]
+fn a_clock_updated_by_timer_resolution_stops_spending_that_much_earlier() {
+    let mut l = Leases::new(10, 100);
+    l.granted(&ask(b"k", 1), grant(5), 1000, 40, 0, false);
+    // Life 1000 less the 20 ms margin and the 100 ms the clock may lag.
+    assert!(l.try_spend(&[ask(b"k", 1)], 1879).is_some());
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 1880), None);
+    // A life no longer than both is not kept: it is not spendable at all.
+    let short = Grant { life_ms: 110, ..grant(5) };
+    assert_eq!(l.granted(&ask(b"j", 1), short, 2000, 40, 0, false), None);
+    assert_eq!(l.try_spend(&[ask(b"j", 1)], 2000), None);
+}
+
+#[test]
 fn a_request_spends_from_every_zone_or_from_none() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     let b = Ask { zone: 1, ..ask(b"k", 1) };
     l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
     assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
@@ -87,7 +100,7 @@ fn a_request_spends_from_every_zone_or_from_none() {
 
 #[test]
 fn other_figures_are_not_served_from_a_reservation() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
     let other = Ask { figures: Figures { limit: 50, window_ms: 60_000 }, ..ask(b"k", 1) };
     assert_eq!(l.try_spend(&[other], 10), None);
@@ -95,7 +108,7 @@ fn other_figures_are_not_served_from_a_reservation() {
 
 #[test]
 fn what_is_left_goes_back_at_expiry_replacement_and_drain() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     let a = ask(b"k", 1);
     l.granted(&a, grant(5), 0, 0, 0, true);
     l.try_spend(&[ask(b"k", 1)], 10).unwrap();
@@ -133,7 +146,7 @@ fn check_of(l: &mut Leases, gone: bool) -> Check {
 
 #[test]
 fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_our_own() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     assert!(l.changed(3, KEY, 0), "the key's tracking to renew");
     assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "someone else's change: stopped");
@@ -156,7 +169,7 @@ fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_ou
 
 #[test]
 fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.changed(3, KEY, 0);
     let c = check_of(&mut l, true);
@@ -173,7 +186,7 @@ fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
 
 #[test]
 fn a_change_heard_during_a_check_is_checked_after_it() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.changed(3, KEY, 0);
     let first = check_of(&mut l, false);
@@ -186,7 +199,7 @@ fn a_change_heard_during_a_check_is_checked_after_it() {
 
 #[test]
 fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.changed(3, KEY, 0);
     let old = check_of(&mut l, true);
@@ -205,7 +218,7 @@ fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() 
 
 #[test]
 fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     assert!(l.changed(3, KEY, 100));
     let _ = l.checks(3, KEY, true, 100);
@@ -231,7 +244,7 @@ fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
 
 #[test]
 fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.unverify_all();
     assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
@@ -252,7 +265,7 @@ fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
 
 #[test]
 fn a_held_reservation_is_not_replaced_and_an_expired_one_goes_back_before_the_next_ask() {
-    let mut l = Leases::new(10);
+    let mut l = Leases::new(10, 0);
     let a = ask(b"k", 1);
     for t in 0..5 {
         l.want(&a, LeaseSize::Auto, 1000, false, t);
@@ -273,7 +286,7 @@ fn a_held_reservation_is_not_replaced_and_an_expired_one_goes_back_before_the_ne
 
 #[test]
 fn the_table_is_bounded_and_new_keys_beyond_it_are_exact() {
-    let mut l = Leases::new(2);
+    let mut l = Leases::new(2, 0);
     l.want(&ask(b"a", 1), LeaseSize::Auto, 1000, false, 0);
     l.want(&ask(b"b", 1), LeaseSize::Auto, 1000, false, 0);
     assert_eq!(l.want(&ask(b"c", 1), LeaseSize::Fixed(9), 1000, false, 0), 0);

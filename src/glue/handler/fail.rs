@@ -4,7 +4,7 @@
 
 use core::ptr;
 
-use ngx::ffi::{ngx_core_conf_t, ngx_core_module, ngx_current_msec, ngx_cycle, NGX_LOG_ERR};
+use ngx::ffi::{ngx_current_msec, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 
 use crate::decide::local_limit::{LocalLimiter, LocalZone};
@@ -12,7 +12,7 @@ use crate::decide::log_throttle::LogThrottle;
 use crate::decide::script::ReplyError;
 use crate::decide::slots::{local_decision, LocalPart, Slots};
 use crate::decide::status::Status;
-use crate::glue::conf::{FailPolicy, LocConf, MainConf};
+use crate::glue::conf::{worker_processes, FailPolicy, LocConf, MainConf};
 use crate::redis::pool::RedisError;
 
 use super::{record, Ctx, ZoneReq};
@@ -118,16 +118,6 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option
     }
     record(ctx, &d);
     Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
-}
-
-/// `worker_processes` of the running configuration: the default share of a zone per worker.
-unsafe fn worker_processes() -> u64 {
-    // SAFETY: the core module's configuration is the cycle's first, set before workers start.
-    let ccf = *(*ngx_cycle).conf_ctx.add(ngx_core_module.index) as *const ngx_core_conf_t;
-    if ccf.is_null() {
-        return 1;
-    }
-    ((*ccf).worker_processes as u64).max(1)
 }
 
 /// Why a decision failed; formatted only when it is logged, not once per request of an outage.

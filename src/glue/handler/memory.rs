@@ -9,7 +9,7 @@ use crate::decide::lease::{Ask, Leases};
 use crate::decide::script::{Algorithm, Decision};
 use crate::decide::slots::Slots;
 use crate::decide::status::Status;
-use crate::glue::conf::MainConf;
+use crate::glue::conf::{timer_resolution, MainConf};
 use crate::glue::giveback;
 use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::redis::invalidation::{self, Forget};
@@ -103,28 +103,35 @@ pub(super) fn hear_changes(mcf: &MainConf) {
 /// spending them; otherwise says how many units each leasing zone asks Redis to reserve.
 pub(super) unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut leases = mcf.leases.borrow_mut();
-    let leases = leases.get_or_insert_with(|| Leases::new(LEASE_ENTRIES));
+    let leases = leases.get_or_insert_with(|| Leases::new(LEASE_ENTRIES, timer_resolution()));
     let now = ngx_current_msec as u64;
     // A request is admitted from reservations in all its zones or in none, so a location with a
     // zone that does not lease never admits from them: its zones are decided exactly
-    // (`nginx -t` warns of it).
-    if !ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some()) {
-        return false;
+    // (`nginx -t` warns of it). Its leasing zones still go as reserving nothing, not as plain
+    // decisions: a plain write sets the key's TTL to the window, and would end it before the
+    // reservations of other requests in it, scored up to their end, have left the window.
+    let mixed = !ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some());
+    if !mixed {
+        let asks: Vec<Ask<'_>> = ctx.zones.iter().map(ZoneReq::ask).collect();
+        if let Some(deciding) = leases.try_spend(&asks, now) {
+            ctx.quota = Some(deciding);
+            ctx.status = Status::PassedLease;
+            return true;
+        }
     }
-    let asks: Vec<Ask<'_>> = ctx.zones.iter().map(ZoneReq::ask).collect();
-    if let Some(deciding) = leases.try_spend(&asks, now) {
-        ctx.quota = Some(deciding);
-        ctx.status = Status::PassedLease;
-        return true;
-    }
-    drop(asks);
     for i in 0..ctx.zones.len() {
         let zone = &mcf.zones[ctx.zones[i].zone];
         let Some(conf) = zone.lease else { continue };
         let life = conf.life_ms(ctx.zones[i].window_ms);
         let log = zone.algorithm == Algorithm::SlidingLog;
-        let want = (life > 0).then(|| leases.want(&ctx.zones[i].ask(), conf.size, life, log, now));
+        let want = (life > 0).then(|| match mixed {
+            true => 0,
+            false => leases.want(&ctx.zones[i].ask(), conf.size, life, log, now),
+        });
         ctx.zones[i].lease = want.map(|w| (w, life));
+    }
+    if mixed {
+        return false;
     }
     // Expired reservations of these keys go back ahead of the decision, in the same call.
     giveback::send(mcf, leases.take_back());
