@@ -15,7 +15,7 @@
 #   make test-build-for build-for against nginx 1.28.0 (nginx-src crate) and 1.22.1 (nginx-dev),
 #                       each nginx compiled here; t/010-basic.t on both; the cross-load refusal
 #   make run            redis-server + nginx on 127.0.0.1:8080 with nginx/quickstart.conf
-#   make test           docs' links and configurations (nginx -t), cargo test, 60 s of RESP fuzzing, prove -r t against the vendored build
+#   make test           docs' links and configurations (nginx -t), src/'s layers, cargo test, 60 s of RESP fuzzing, prove -r t against the vendored build
 #                       and against the system build (built if needed), every suite again under
 #                       valgrind (checks that cannot hold there are skipped with their reason);
 #                       TEST_SYSTEM=0 / TEST_VALGRIND=0: without the system suites / the valgrind pass;
@@ -353,12 +353,18 @@ run: deps-run
 
 # Relative links and #anchors of README.md and docs/*.md (python3, standard library only); first
 # in `make test`: it needs no build and fails fast.
-.PHONY: check-links check-configs deps-docs
+.PHONY: check-links check-configs check-layers deps-docs
 deps-docs:
 	@$(call apt_ensure,python3)
 check-links: deps-docs
 	echo "==> docs/check-links.py"
 	python3 docs/check-links.py
+
+# The layers of src/ (docs/layout.md): every file in a layer's folder, every import pointing
+# down, no nginx bindings in the pure layers; needs no build either.
+check-layers: deps-docs
+	echo "==> docs/check-layers.py"
+	python3 docs/check-layers.py
 
 # nginx -t on every configuration README.md and docs/ show (fragments apart), as pasted but for
 # the module's path; right after the build, which it needs, in well under a second.
@@ -369,6 +375,7 @@ check-configs: deps-docs
 
 test: deps-test
 	$(MAKE) check-links
+	$(MAKE) check-layers
 	$(MAKE) build
 	rm -f $(TEST_LOGS)/prove-*.why
 	rc=0

@@ -13,7 +13,7 @@ fn main() {
     if features.split(',').any(|f| f == "ssl") {
         println!("cargo::rustc-cfg=ngx_ssl");
     }
-    // Regex locations exist only in an nginx built with PCRE (src/auth_target.rs walks them).
+    // Regex locations exist only in an nginx built with PCRE (src/glue/auth_target.rs walks them).
     println!("cargo::rustc-check-cfg=cfg(ngx_pcre)");
     if features.split(',').any(|f| f == "pcre") {
         println!("cargo::rustc-cfg=ngx_pcre");

@@ -2,7 +2,7 @@
 """How far sliding_counter is from the exact sliding_log, on replayed traces.
 
 Starts its own redis-server on a free 127.0.0.1 port, loads the decision script as
-src/script.rs assembles it, and replays request traces with an injected clock: every
+src/decide/script/mod.rs assembles it, and replays request traces with an injected clock: every
 request is decided twice, by sliding_counter ("c") and by sliding_log ("l"), same limit,
 same window, same timestamp, separate keys (two single-zone EVALSHA calls, pipelined). Each
 limiter keeps its own history, as two deployments would.
@@ -190,7 +190,7 @@ def main():
         return "%.0f%%" % (100.0 * r["c_adm"] / r["l_adm"])
     md = f"""# sliding_counter against the exact sliding_log (`bench/accuracy.py`)
 
-Redis {version}, the decision script as `src/script.rs` assembles it (commit {M.git_rev()}),
+Redis {version}, the decision script as `src/decide/script/mod.rs` assembles it (commit {M.git_rev()}),
 injected clock. Limit
 {LIMIT} per {WINDOW // 1000} s; every request of a trace is decided by both algorithms at the
 same timestamp, each on its own key with its own history. Seed {a.seed}.

@@ -54,7 +54,7 @@ VARIANTS = [("plain", 1, False), ("plain", 3, False), ("plain", 12, False),
 
 
 def call(sha, batch, node_form):
-    """One EVALSHA as src/script.rs writes it: a plain batch declares every key; a node batch
+    """One EVALSHA as src/codec/call.rs writes it: a plain batch declares every key; a node batch
     declares the first decision's and passes the others as "k<m>" and the keys."""
     keys = ["rl:c%d:__rand_int__" % i for i in range(batch)]
     argv = []

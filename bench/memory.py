@@ -2,7 +2,7 @@
 """Redis memory per limited key and per admitted request, for each algorithm.
 
 Starts its own redis-server (default configuration apart from no persistence) on a free
-127.0.0.1 port, loads the decision script exactly as src/script.rs assembles it (the
+127.0.0.1 port, loads the decision script exactly as src/decide/script/mod.rs assembles it (the
 include_str! files of SCRIPT, concatenated), and drives it with EVALSHA, pipelined, with an
 injected clock. Keys have the module's shape `rl:<zone>:<key>`, the key an IPv4 address.
 
@@ -40,6 +40,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where `SCRIPT` is, relative to the repo.
+SCRIPT_RS = os.path.join("src", "decide", "script", "mod.rs")
 
 # The article's script (sliding-window-article.txt), verbatim apart from comments: the
 # reference point for memory.
@@ -70,19 +72,19 @@ return { 0, 0, retry_after }
 
 
 def script_parts(root=ROOT):
-    """The lua/ files of `SCRIPT` in src/script.rs, in concat! order."""
-    with open(os.path.join(root, "src", "script.rs"), encoding="utf-8") as f:
+    """The lua/ files of `SCRIPT` in src/decide/script/mod.rs, in concat! order."""
+    with open(os.path.join(root, SCRIPT_RS), encoding="utf-8") as f:
         rs = f.read()
     m = re.search(r"\bconst\s+SCRIPT\s*:\s*&(?:'static\s+)?str\s*=\s*concat!\s*\((.*?)\)\s*;", rs, re.S)
     if not m:
-        raise SystemExit("no `const SCRIPT: &str = concat!(...);` in src/script.rs")
+        raise SystemExit("no `const SCRIPT: &str = concat!(...);` in " + SCRIPT_RS)
     body = re.sub(r"//[^\n]*", "", m.group(1))
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     parts = re.findall(r'include_str!\s*\(\s*"([^"]+)"\s*\)', body)
     rest = re.sub(r'include_str!\s*\(\s*"[^"]+"\s*\)\s*,?', "", body).strip()
     if not parts or rest:
         raise SystemExit("SCRIPT is not a list of include_str! entries: %r" % rest)
-    return [os.path.normpath(os.path.join("src", p)) for p in parts]
+    return [os.path.normpath(os.path.join(os.path.dirname(SCRIPT_RS), p)) for p in parts]
 
 
 def script_text(root=ROOT):
@@ -389,9 +391,9 @@ def git_rev(root=ROOT):
     try:
         rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "lua", "src/script.rs"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "lua", SCRIPT_RS],
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return (rev or "?") + (" (lua/ or src/script.rs modified)" if dirty else "")
+        return (rev or "?") + (" (lua/ or %s modified)" % SCRIPT_RS if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "?"
 
@@ -562,7 +564,7 @@ def main():
 Redis {version} (jemalloc), default configuration (`zset-max-listpack-entries {lp_entries}`,
 `zset-max-listpack-value {lp_value}`), started by the benchmark on a free port with no
 persistence (and `latency-tracking no`, so that per-command latency histograms do not blur
-the used_memory deltas). Each request is one `EVALSHA` of the decision script exactly as `src/script.rs`
+the used_memory deltas). Each request is one `EVALSHA` of the decision script exactly as `src/decide/script/mod.rs`
 assembles it (`{", ".join(os.path.basename(p) for p in script_parts())}`), pipelined, with an
 injected clock: the requests of a key are 100 ms apart inside one 1 h window, every one
 admitted (sliding_log and sliding_counter: limit = requests per key; gcra: limit 7 × that

@@ -4,7 +4,7 @@
 Starts its own redis-server on a free 127.0.0.1 port (stopped by pid at exit) and drives it with
 redis-benchmark (one connection, pipelined 32 calls deep, keys drawn at random among 10,000) for
 each variant: the article's script, the old module script (t/ref/decide-v1.lua, one decision
-per call) and the current one (lua/decide.lua, as src/script.rs assembles it) per algorithm,
+per call) and the current one (lua/decide.lua, as src/decide/script/mod.rs assembles it) per algorithm,
 clock and batch size. The scenario is the issue's: limit 100 per 60 s, every decision admitted.
 Then the sorted-set log against the packed log (sliding_log_packed) at limits 10, 100, 1,000
 and 10,000, keys already holding entries (each admission rewrites the packed string, so its

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Bounded fuzzing of the RESP decoder (src/redis/resp.rs), for CI and by hand.
+# Bounded fuzzing of the RESP decoder (src/codec/resp/mod.rs), for CI and by hand.
 #
 #   fuzz/run.sh [seconds] [engine]
 #

@@ -1,37 +1,19 @@
 //! ngx_http_ratelimit_module: an exact, atomic, non-blocking Redis rate limiter for nginx.
 //!
-//! Pure logic (RESP, parameter parsing, script arguments and replies, headers, keys) lives in
-//! modules without FFI so that `cargo test` links and exercises it without nginx; the nginx glue
-//! is kept to the modules compiled out of unit tests.
+//! Five layers, each a folder whose `mod.rs` says what it holds and what it may import; imports
+//! point down only (`make check-layers`, docs/layout.md):
+//!
+//! - [`glue`]: the nginx module: registration, directives, configuration, the handlers. The
+//!   only layer that knows nginx's HTTP structures; compiled out of unit tests.
+//! - [`redis`]: the worker's connections to Redis on nginx's event loop.
+//! - [`metrics`]: the counters in shared memory.
+//! - [`decide`]: what a request's answer is, pure Rust.
+//! - [`codec`]: bytes and text in and out, pure Rust: RESP, key slots, the script call's framing,
+//!   directive value syntax.
 
-mod deny_cache;
-pub mod headers;
-pub mod key;
-pub mod lease;
-mod local_limit;
-mod log_throttle;
+pub mod codec;
+pub mod decide;
+#[cfg(not(test))]
+mod glue;
 pub mod metrics;
-pub mod params;
-pub mod quota;
 pub mod redis;
-pub mod script;
-pub mod slots;
-pub mod status;
-pub mod text;
-
-#[cfg(not(test))]
-mod admin;
-#[cfg(not(test))]
-mod auth_target;
-#[cfg(not(test))]
-mod conf;
-#[cfg(not(test))]
-mod directives;
-#[cfg(not(test))]
-mod giveback;
-#[cfg(not(test))]
-mod handler;
-#[cfg(not(test))]
-mod module;
-#[cfg(not(test))]
-mod variables;

@@ -7,7 +7,7 @@
 
 #[path = "../src/check.rs"]
 mod check;
-#[path = "../../src/redis/resp.rs"]
+#[path = "../../src/codec/resp/mod.rs"]
 #[allow(dead_code)]
 mod resp;
 

@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 
 #[path = "../src/check.rs"]
 mod check;
-#[path = "../../src/redis/resp.rs"]
+#[path = "../../src/codec/resp/mod.rs"]
 #[allow(dead_code)]
 mod resp;
 

@@ -1,7 +1,7 @@
 //! The properties the RESP decoder must have on any input, shared by the libFuzzer target
 //! (`fuzz_targets/resp.rs`) and the libFuzzer-free driver (`src/bin/resp_prop.rs`).
 //!
-//! Expects a sibling module `resp` (src/redis/resp.rs, compiled in by `#[path]`).
+//! Expects a sibling module `resp` (src/codec/resp/mod.rs, compiled in by `#[path]`).
 
 use super::resp::{
     decode, decode_framed, Framer, ProtocolError, Reply, MAX_BULK_LEN, MAX_REPLY_LEN,

@@ -246,8 +246,8 @@ pub fn disabled(json: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::status::Status;
     use crate::metrics::test_metrics;
-    use crate::status::Status;
 
     fn sample() -> Vec<u64> {
         let m = test_metrics(2);

@@ -15,12 +15,12 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
+use super::conf::RedisConf;
 use super::node::{Addr, NodePool, Role};
 use super::pool::{log, now, RedisError};
 use super::query::Query;
-use super::resp::{self, Reply, MAX_TOPOLOGY_REPLY_LEN};
 use super::topology::{parse_cluster_slots, NodeAddr, SlotTable};
-use crate::conf::RedisConf;
+use crate::codec::resp::{self, Reply, MAX_TOPOLOGY_REPLY_LEN};
 use crate::metrics::Metrics;
 
 /// At most one topology query a second per worker.

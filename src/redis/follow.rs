@@ -8,10 +8,9 @@ use core::ptr::NonNull;
 use ngx::ffi::ngx_msec_t;
 
 use super::pool::{Command, RedisError, Token, Waiter, WorkerPool};
-use super::resp::Reply;
 use super::topology::{parse_redirect, Redirect};
-use crate::conf::MainConf;
-use crate::script::EncodedArgs;
+use crate::codec::call::Args;
+use crate::codec::resp::Reply;
 
 /// How many `MOVED` and `ASK` one decision follows: more means the cluster changes faster
 /// than this worker's table follows, and the decision's time is better spent failing.
@@ -73,22 +72,25 @@ fn detour(result: &Option<Result<Reply, RedisError>>) -> Option<Detour> {
 /// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
 /// (they live side by side in the caller's context).
 pub unsafe fn follow(
-    mcf: &MainConf,
+    pool: Option<&mut WorkerPool>,
     waiter: &mut Waiter,
-    args: &EncodedArgs,
+    args: &Args,
     retries: &mut Retries,
 ) -> Follow {
     match detour(&waiter.result) {
         Some(Detour::NoScript) if !retries.reloaded => {
             retries.reloaded = true;
-            resend(mcf, waiter, args, retries.ask.as_ref(), true)
+            resend(pool, waiter, args, retries.ask.as_ref(), true)
         }
         // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says why.
-        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS && cluster(mcf) => {
+        Some(Detour::Redirect(to))
+            if retries.redirects < MAX_REDIRECTS
+                && pool.as_deref().is_some_and(WorkerPool::cluster) =>
+        {
             retries.redirects += 1;
             // After a NOSCRIPT, every node it goes to next may lack the script too (a replica
             // just promoted), so each later call is preceded by SCRIPT LOAD.
-            let follow = resend(mcf, waiter, args, Some(&to), retries.reloaded);
+            let follow = resend(pool, waiter, args, Some(&to), retries.reloaded);
             retries.ask = matches!(to, Redirect::Ask { .. }).then_some(to);
             follow
         }
@@ -107,28 +109,24 @@ pub unsafe fn follow(
 /// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
 /// (they live side by side in the caller's context).
 pub unsafe fn again(
-    mcf: &MainConf,
+    pool: Option<&mut WorkerPool>,
     waiter: &mut Waiter,
-    args: &EncodedArgs,
+    args: &Args,
     retries: &Retries,
 ) -> Follow {
-    resend(mcf, waiter, args, retries.ask.as_ref(), retries.reloaded)
-}
-
-fn cluster(mcf: &MainConf) -> bool {
-    mcf.redis.as_ref().is_some_and(|r| r.cluster)
+    resend(pool, waiter, args, retries.ask.as_ref(), retries.reloaded)
 }
 
 /// Queues a decision again, where a redirection points if one is followed.
 unsafe fn resend(
-    mcf: &MainConf,
+    pool: Option<&mut WorkerPool>,
     waiter: &mut Waiter,
-    args: &EncodedArgs,
+    args: &Args,
     via: Option<&Redirect>,
     reload: bool,
 ) -> Follow {
     let cmd = Command::decision(args, reload);
-    let queued = queue(mcf, waiter, |pool, w| match via {
+    let queued = queue(pool, waiter, |pool, w| match via {
         Some(to) => pool.redirect(w, cmd, to),
         None => pool.submit(w, cmd),
     });
@@ -145,16 +143,16 @@ unsafe fn resend(
 /// # Safety
 /// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
 /// (they live side by side in the caller's context).
-pub unsafe fn submit(mcf: &MainConf, waiter: &mut Waiter, args: &EncodedArgs) -> bool {
-    queue(mcf, waiter, |pool, w| pool.submit(w, Command::decision(args, false)))
+pub unsafe fn submit(pool: Option<&mut WorkerPool>, waiter: &mut Waiter, args: &Args) -> bool {
+    queue(pool, waiter, |pool, w| pool.submit(w, Command::decision(args, false)))
 }
 
 unsafe fn queue(
-    mcf: &MainConf,
+    pool: Option<&mut WorkerPool>,
     waiter: &mut Waiter,
     send: impl FnOnce(&mut WorkerPool, NonNull<Waiter>) -> Result<Token, RedisError>,
 ) -> bool {
-    let Some(pool) = WorkerPool::get(mcf) else {
+    let Some(pool) = pool else {
         waiter.result = Some(Err(RedisError::Unavailable));
         return false;
     };

@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use super::resp::Reply;
+use crate::codec::resp::Reply;
 
 /// The channel Redis sends invalidations on, for a client whose tracking is redirected to a
 /// subscriber (RESP2).
@@ -173,7 +173,7 @@ pub fn drain(mut f: impl FnMut(Forget<'_>)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis::resp::decode;
+    use crate::codec::resp::decode;
 
     fn ev(bytes: &[u8]) -> Reply {
         decode(bytes).unwrap().unwrap().0

@@ -15,13 +15,13 @@ use ngx::ngx_log_error;
 
 use super::batch;
 use super::breaker::{self, Breaker, Transition};
+use super::conf::{RedisConf, SeedAddr};
 use super::conn::{Conn, Setup, MAX_OUTSTANDING};
 use super::pool::{log, Command, RedisError, Token, Waiter};
 use super::query::Query;
-use super::resp::{Reply, MAX_REPLY_LEN};
 use super::topology::NodeAddr;
 use super::tracker::Tracker;
-use crate::conf::{RedisConf, SeedAddr};
+use crate::codec::resp::{Reply, MAX_REPLY_LEN};
 use crate::metrics::{Counter, Gauge, Metrics};
 
 /// A new connection is opened only when every open one already carries this many decisions;

@@ -6,6 +6,7 @@
 //! borrowed while a request runs. A request that goes away cancels its slot, leaving a tombstone
 //! whose reply is read and dropped, because pipelined replies are matched strictly in order.
 
+use core::cell::Cell;
 use core::fmt;
 use core::ptr::{self, NonNull};
 
@@ -13,14 +14,15 @@ use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_pos
 
 use super::batch::Shape;
 use super::cluster::Cluster;
+use super::conf::RedisConf;
 use super::conn::{Conn, MAX_OUTSTANDING};
 use super::node::{Addr, NodePool, Role};
-use super::resp::{ProtocolError, Reply, MAX_REPLY_LEN};
 use super::sentinel::Sentinel;
 use super::topology::Redirect;
-use crate::conf::MainConf;
-use crate::metrics::ErrorKind;
-use crate::script::EncodedArgs;
+use crate::codec::call::Args;
+use crate::codec::resp::{ProtocolError, Reply, MAX_REPLY_LEN};
+use crate::codec::slot::key_slot;
+use crate::metrics::{ErrorKind, Metrics};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisError {
@@ -101,7 +103,7 @@ pub struct Waiter {
 #[derive(Clone, Copy)]
 pub enum Payload {
     /// One decision's share of a script call, in the request's pool.
-    Decision(NonNull<EncodedArgs>),
+    Decision(NonNull<Args>),
     /// A command of its own, RESP-encoded, owned by the pool (`PING`, `CLUSTER SLOTS`, ...).
     Raw(NonNull<[u8]>),
 }
@@ -123,7 +125,7 @@ pub struct Command {
 }
 
 impl Command {
-    pub fn decision(args: &EncodedArgs, reload: bool) -> Command {
+    pub fn decision(args: &Args, reload: bool) -> Command {
         let payload = Payload::Decision(NonNull::from(args));
         Command {
             payload,
@@ -175,12 +177,15 @@ enum Mode {
 }
 
 impl WorkerPool {
-    /// This worker's pool for the cycle's configuration, created on first use.
-    pub fn get(mcf: &MainConf) -> Option<&'static mut WorkerPool> {
-        let conf = mcf.redis.as_ref()?;
-        let mut p = mcf.pool.get();
+    /// This worker's pool for `conf`, kept in `cell` and created on first use: its nodes count
+    /// what happens to them in `metrics`.
+    pub fn get(
+        cell: &Cell<*mut WorkerPool>,
+        conf: &RedisConf,
+        metrics: Metrics,
+    ) -> Option<&'static mut WorkerPool> {
+        let mut p = cell.get();
         if p.is_null() {
-            let metrics = mcf.metrics.get();
             let mode = if conf.cluster {
                 Mode::Cluster(Cluster::create(conf, metrics))
             } else if conf.sentinel.is_some() {
@@ -190,14 +195,19 @@ impl WorkerPool {
                 Mode::Single(NodePool::create(conf, addr, metrics, Role::Single))
             };
             p = Box::into_raw(Box::new(WorkerPool { mode }));
-            mcf.pool.set(p);
+            cell.set(p);
         }
         // SAFETY: the pool lives until `destroy` at worker exit, and a worker is one thread.
         Some(unsafe { &mut *p })
     }
 
+    /// Whether it serves a Redis Cluster, where redirections lead somewhere.
+    pub fn cluster(&self) -> bool {
+        matches!(self.mode, Mode::Cluster(_))
+    }
+
     /// Closes every connection; at worker exit no request is pending any more.
-    pub fn destroy(cell: &core::cell::Cell<*mut WorkerPool>) {
+    pub fn destroy(cell: &Cell<*mut WorkerPool>) {
         let p = cell.replace(ptr::null_mut());
         if p.is_null() {
             return;
@@ -248,7 +258,7 @@ impl WorkerPool {
                 // Only where the table knows the key's node: a seed that does not hold it would
                 // never tell of its changes.
                 Mode::Cluster(c) => {
-                    (*c.as_ptr()).owner(super::slot::key_slot(key)).ok_or(RedisError::Unavailable)
+                    (*c.as_ptr()).owner(key_slot(key)).ok_or(RedisError::Unavailable)
                 }
             };
             node.is_ok_and(|n| (*n.as_ptr()).track(&key.concat()))

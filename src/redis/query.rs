@@ -11,7 +11,7 @@ use ngx::ffi::{
 
 use super::node::NodePool;
 use super::pool::{Command, Payload, RedisError, Waiter, WorkerPool};
-use super::resp::Reply;
+use crate::codec::resp::Reply;
 
 /// Called once with the query's outcome; the query is already freed.
 pub type Done = unsafe fn(owner: *mut c_void, result: Result<Reply, RedisError>);

@@ -20,11 +20,11 @@ use ngx::ffi::{
 use ngx::ngx_log_error;
 
 use super::breaker;
+use super::conf::RedisConf;
 use super::node::{Addr, NodePool, Role};
 use super::pool::{log, now, RedisError};
 use super::query::Query;
-use super::resp::{self, MasterAddr, Reply, MAX_REPLY_LEN};
-use crate::conf::RedisConf;
+use crate::codec::resp::{self, MasterAddr, Reply, MAX_REPLY_LEN};
 use crate::metrics::Metrics;
 
 /// Questions to the sentinels are at least this far apart.

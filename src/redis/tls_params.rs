@@ -2,7 +2,7 @@
 //! `proxy_ssl_*`): parsing and the checks between them, without FFI, so that `cargo test`
 //! covers them. `super::tls` turns the result into an OpenSSL context at configuration time.
 
-use crate::params::parse_switch;
+use crate::codec::values::{parse_switch, parse_uint};
 
 /// nginx's protocol bits (`NGX_SSL_TLSv1` ...), which `ngx_ssl_create` takes; `super::tls`
 /// asserts at compile time that they still are.
@@ -132,8 +132,9 @@ impl TlsParams {
             "ssl_trusted_certificate" => {
                 nonempty(value).map(|v| self.trusted_certificate = Some(v))
             }
-            "ssl_verify_depth" => crate::params::parse_uint(value, 0, MAX_VERIFY_DEPTH)
-                .map(|n| self.verify_depth = Some(n as u32)),
+            "ssl_verify_depth" => {
+                parse_uint(value, 0, MAX_VERIFY_DEPTH).map(|n| self.verify_depth = Some(n as u32))
+            }
             "ssl_name" => nonempty(value).map(|v| self.name = Some(v)),
             "ssl_server_name" => parse_switch(value).map(|v| self.server_name = Some(v)),
             "ssl_certificate" => nonempty(value).map(|v| self.certificate = Some(v)),

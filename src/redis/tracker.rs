@@ -23,7 +23,7 @@ use super::conn::Conn;
 use super::invalidation::{self, event, Event, CHANNEL};
 use super::node::NodePool;
 use super::pool::log;
-use super::resp::{self, Reply};
+use crate::codec::resp::{self, Reply};
 
 /// A tracker that lost a connection starts again at most this often.
 const RESTART_EVERY: u64 = 1000;

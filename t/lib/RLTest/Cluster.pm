@@ -273,7 +273,7 @@ sub primary_of_slot {
 }
 
 # The key's slot, computed here (CRC16-XMODEM and the hash-tag rule, as
-# src/redis/slot.rs): no round trip, also while nodes are down.
+# src/codec/slot.rs): no round trip, also while nodes are down.
 my @CRC;
 for my $i (0 .. 255) {
     my $c = $i << 8;

@@ -1,8 +1,8 @@
 package RLTest::Script;
 
 # The decision script, run directly against the harness's real redis-server
-# (no nginx).  script_text() assembles it exactly as src/script.rs does:
-# the files named by the include_str!("../lua/X.lua") entries of
+# (no nginx).  script_text() assembles it exactly as src/decide/script/mod.rs does:
+# the files named by the include_str!("../../../lua/X.lua") entries of
 # `pub const SCRIPT: &str = concat!(...)`, in that order, with nothing
 # between them.  So the tests run precisely the text the module sends.
 #
@@ -40,6 +40,8 @@ our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decid
 our %EXPORT_TAGS = (all => \@EXPORT_OK);
 
 my $repo = abs_path(dirname(__FILE__) . '/../../..');
+# Where `SCRIPT` is, relative to the repo.
+my $SCRIPT_RS = 'src/decide/script/mod.rs';
 
 sub slurp {
     my ($path) = @_;
@@ -51,9 +53,9 @@ sub slurp {
 
 # The lua/ files of SCRIPT, in concat! order, as paths relative to the repo.
 sub script_parts {
-    my $rs = slurp("$repo/src/script.rs");
+    my $rs = slurp("$repo/$SCRIPT_RS");
     my ($body) = $rs =~ /\bconst\s+SCRIPT\s*:\s*&(?:'static\s+)?str\s*=\s*concat!\s*\((.*?)\)\s*;/s
-        or die "RLTest::Script: no `const SCRIPT: &str = concat!(...);` in src/script.rs\n";
+        or die "RLTest::Script: no `const SCRIPT: &str = concat!(...);` in $SCRIPT_RS\n";
     # Rust comments inside the list are not part of it.
     $body =~ s{//[^\n]*}{}g;
     $body =~ s{/\*.*?\*/}{}gs;
@@ -65,8 +67,14 @@ sub script_parts {
         or die "RLTest::Script: SCRIPT holds something other than include_str! entries: "
             . substr($body, pos($body) // 0) . "\n";
     die "RLTest::Script: SCRIPT includes no file\n" unless @parts;
-    # include_str! paths are relative to src/script.rs.
-    return map { my $p = $_; $p =~ s{^\.\./}{} or $p = "src/$p"; $p } @parts;
+    # include_str! paths are relative to the file's directory.
+    (my $dir = $SCRIPT_RS) =~ s{/[^/]*\z}{};
+    return map {
+        my @path = split m{/}, "$dir/$_";
+        my @out;
+        for (@path) { $_ eq '..' ? pop @out : push @out, $_ }
+        join '/', @out;
+    } @parts;
 }
 
 my $text;

@@ -1,0 +1,371 @@
+//! RESP2 encoding and incremental decoding.
+//!
+//! The decoder works on whatever bytes have arrived so far and reports how many it consumed,
+//! which is what framing pipelined replies on nginx's event loop needs: a reply may arrive split
+//! across reads, and one read may carry several replies.
+
+use std::fmt;
+
+/// Replies larger than this are treated as a protocol error: the limiter's scripts answer with a
+/// few integers, so a huge bulk string means the peer is not the Redis we expect.
+pub const MAX_BULK_LEN: usize = 1 << 20;
+const MAX_ARRAY_LEN: usize = 1 << 16;
+const MAX_DEPTH: usize = 8;
+/// Longest header line (`$1048576\r\n`, an integer, a status or error text) we accept.
+const MAX_LINE_LEN: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Status(Vec<u8>),
+    Error(Vec<u8>),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    BadType(u8),
+    BadLength,
+    BadInteger,
+    TooLarge,
+    TooDeep,
+    MissingCrlf,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::BadType(b) => write!(f, "unexpected reply type byte 0x{b:02x}"),
+            ProtocolError::BadLength => f.write_str("invalid length in reply"),
+            ProtocolError::BadInteger => f.write_str("invalid integer in reply"),
+            ProtocolError::TooLarge => f.write_str("reply too large"),
+            ProtocolError::TooDeep => f.write_str("reply nested too deeply"),
+            ProtocolError::MissingCrlf => f.write_str("reply line not terminated by CRLF"),
+        }
+    }
+}
+
+/// The most bytes one reply may take: the largest bulk string and its framing, with room to
+/// spare. Each part of a reply is capped on its own, but an array of many capped parts is not,
+/// so without this a peer could make a worker buffer gigabytes of one endless reply.
+pub const MAX_REPLY_LEN: usize = 2 * MAX_BULK_LEN;
+
+/// The most bytes of a reply to the worker's own commands (`CLUSTER SLOTS`): a cluster whose
+/// 16,384 slots alternate between nodes, each with several replicas, answers several MiB.
+pub const MAX_TOPOLOGY_REPLY_LEN: usize = 16 << 20;
+
+/// Decodes one reply from the start of `buf`.
+///
+/// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
+/// one complete reply.
+pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    decode_within(buf, MAX_REPLY_LEN)
+}
+
+/// [`decode`] for a reply allowed to take up to `limit` bytes.
+pub fn decode_within(buf: &[u8], limit: usize) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    // Only the first limit + 1 bytes are ever looked at, so that how reads split the stream
+    // never changes the outcome, and a reply longer than that is too large.
+    let view = &buf[..buf.len().min(limit + 1)];
+    match decode_at(view, 0, 0)? {
+        Some((_, used)) if used > limit => Err(ProtocolError::TooLarge),
+        None if view.len() > limit => Err(ProtocolError::TooLarge),
+        done => Ok(done),
+    }
+}
+
+/// How far the framing of a reply that has partly arrived got: whole elements only, and the
+/// items each array it is inside still owes. `Conn::read` keeps one per connection so that each
+/// read frames only the bytes that came with it; decoding the reply from its first byte on every
+/// read made a reply that arrives in k reads cost k decodes of it, a whole tree of allocations
+/// each (a 2.8 MiB `CLUSTER SLOTS` came in hundreds of reads).
+#[derive(Debug, Default)]
+pub struct Framer {
+    at: usize,
+    open: Vec<usize>,
+}
+
+impl Framer {
+    /// The bytes of the reply at the start of `buf`, once all of them have arrived: `Ok(None)`
+    /// until then. The outcome is [`decode_within`]'s for the same bytes, wherever reads cut
+    /// them. Between calls `buf` may only grow at its end; after `Some` or an error the framer
+    /// starts again, for the next reply.
+    pub fn frame(&mut self, buf: &[u8], limit: usize) -> Result<Option<usize>, ProtocolError> {
+        let r = self.frame_view(&buf[..buf.len().min(limit + 1)], limit);
+        if !matches!(r, Ok(None)) {
+            self.at = 0;
+            self.open.clear();
+        }
+        r
+    }
+
+    fn frame_view(&mut self, view: &[u8], limit: usize) -> Result<Option<usize>, ProtocolError> {
+        let more = || if view.len() > limit { Err(ProtocolError::TooLarge) } else { Ok(None) };
+        loop {
+            if self.open.len() > MAX_DEPTH {
+                return Err(ProtocolError::TooDeep);
+            }
+            let Some((line, next)) = read_line(view, self.at)? else { return more() };
+            let (kind, body) = line.split_first().ok_or(ProtocolError::BadType(b'\r'))?;
+            let end = match kind {
+                b'+' | b'-' => next,
+                b':' => parse_int(body).map(|_| next)?,
+                b'$' => match parse_int(body)? {
+                    -1 => next,
+                    len => {
+                        let len = usize::try_from(len).map_err(|_| ProtocolError::BadLength)?;
+                        if len > MAX_BULK_LEN {
+                            return Err(ProtocolError::TooLarge);
+                        }
+                        if view.len() < next + len + 2 {
+                            return more();
+                        }
+                        if &view[next + len..next + len + 2] != b"\r\n" {
+                            return Err(ProtocolError::MissingCrlf);
+                        }
+                        next + len + 2
+                    }
+                },
+                b'*' => match parse_int(body)? {
+                    -1 => next,
+                    n => {
+                        let n = usize::try_from(n).map_err(|_| ProtocolError::BadLength)?;
+                        if n > MAX_ARRAY_LEN {
+                            return Err(ProtocolError::TooLarge);
+                        }
+                        self.at = next;
+                        if n > 0 {
+                            self.open.push(n);
+                            continue;
+                        }
+                        next
+                    }
+                },
+                other => return Err(ProtocolError::BadType(*other)),
+            };
+            self.at = end;
+            loop {
+                let Some(owed) = self.open.last_mut() else {
+                    return if end > limit { Err(ProtocolError::TooLarge) } else { Ok(Some(end)) };
+                };
+                *owed -= 1;
+                if *owed > 0 {
+                    break;
+                }
+                self.open.pop();
+            }
+        }
+    }
+}
+
+/// [`decode_within`] through `framer`: the reply is decoded once, when all of it is there.
+pub fn decode_framed(
+    framer: &mut Framer,
+    buf: &[u8],
+    limit: usize,
+) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    match framer.frame(buf, limit)? {
+        Some(n) => decode_within(&buf[..n], limit),
+        None => Ok(None),
+    }
+}
+
+fn decode_at(
+    buf: &[u8],
+    pos: usize,
+    depth: usize,
+) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    if depth > MAX_DEPTH {
+        return Err(ProtocolError::TooDeep);
+    }
+    let Some((line, next)) = read_line(buf, pos)? else { return Ok(None) };
+    let (kind, body) = line.split_first().ok_or(ProtocolError::BadType(b'\r'))?;
+    match kind {
+        b'+' => Ok(Some((Reply::Status(body.to_vec()), next))),
+        b'-' => Ok(Some((Reply::Error(body.to_vec()), next))),
+        b':' => Ok(Some((Reply::Int(parse_int(body)?), next))),
+        b'$' => {
+            let len = parse_int(body)?;
+            if len == -1 {
+                return Ok(Some((Reply::Bulk(None), next)));
+            }
+            let len = usize::try_from(len).map_err(|_| ProtocolError::BadLength)?;
+            if len > MAX_BULK_LEN {
+                return Err(ProtocolError::TooLarge);
+            }
+            let end = next + len;
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(ProtocolError::MissingCrlf);
+            }
+            Ok(Some((Reply::Bulk(Some(buf[next..end].to_vec())), end + 2)))
+        }
+        b'*' => {
+            let n = parse_int(body)?;
+            if n == -1 {
+                return Ok(Some((Reply::Array(None), next)));
+            }
+            let n = usize::try_from(n).map_err(|_| ProtocolError::BadLength)?;
+            if n > MAX_ARRAY_LEN {
+                return Err(ProtocolError::TooLarge);
+            }
+            let mut items = Vec::with_capacity(n.min(16));
+            let mut at = next;
+            for _ in 0..n {
+                let Some((item, after)) = decode_at(buf, at, depth + 1)? else { return Ok(None) };
+                items.push(item);
+                at = after;
+            }
+            Ok(Some((Reply::Array(Some(items)), at)))
+        }
+        other => Err(ProtocolError::BadType(*other)),
+    }
+}
+
+/// Returns the line starting at `pos` without its CRLF, and the offset after the CRLF.
+fn read_line(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+    let rest = &buf[pos.min(buf.len())..];
+    let window = &rest[..rest.len().min(MAX_LINE_LEN + 2)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(0) => Err(ProtocolError::MissingCrlf),
+        Some(i) if window[i - 1] == b'\r' => Ok(Some((&rest[..i - 1], pos + i + 1))),
+        Some(_) => Err(ProtocolError::MissingCrlf),
+        None if rest.len() > MAX_LINE_LEN + 1 => Err(ProtocolError::TooLarge),
+        None => Ok(None),
+    }
+}
+
+fn parse_int(digits: &[u8]) -> Result<i64, ProtocolError> {
+    let (neg, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(ProtocolError::BadInteger);
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(ProtocolError::BadInteger);
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i64::from(d - b'0')))
+            .ok_or(ProtocolError::BadInteger)?;
+    }
+    Ok(if neg { -v } else { v })
+}
+
+/// Appends a RESP array header (`*n\r\n`).
+pub fn put_array_len(out: &mut Vec<u8>, n: usize) {
+    out.push(b'*');
+    put_usize(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one bulk-string argument. Arguments are always length-prefixed, so no byte in a key
+/// (CR, LF, NUL, spaces) can change the command's framing.
+pub fn put_bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    put_bulk_parts(out, &[arg]);
+}
+
+/// Appends one bulk-string argument made of several pieces, without joining them first.
+pub fn put_bulk_parts(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.reserve(len + 24);
+    out.push(b'$');
+    put_usize(out, len);
+    out.extend_from_slice(b"\r\n");
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends an integer as a bulk-string argument, without a heap allocation.
+pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
+    let mut digits = [0u8; 20];
+    let s = fmt_u64(v, &mut digits);
+    put_bulk(out, s);
+}
+
+/// What a sentinel said to `SENTINEL get-master-addr-by-name`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MasterAddr {
+    /// `host:port` (an IPv6 host unbracketed, as Redis writes it everywhere).
+    Addr(String),
+    /// A null reply: the sentinel monitors no group of that name.
+    Unknown,
+    /// Anything else: an error reply, a malformed one.
+    Other,
+}
+
+pub fn master_addr(reply: &Reply) -> MasterAddr {
+    match reply {
+        Reply::Array(None) | Reply::Bulk(None) => MasterAddr::Unknown,
+        Reply::Array(Some(items)) => match items.as_slice() {
+            [Reply::Bulk(Some(host)), Reply::Bulk(Some(port))]
+                if !host.is_empty() && !port.is_empty() && port.iter().all(u8::is_ascii_digit) =>
+            {
+                let host = String::from_utf8_lossy(host);
+                MasterAddr::Addr(format!("{host}:{}", String::from_utf8_lossy(port)))
+            }
+            _ => MasterAddr::Other,
+        },
+        _ => MasterAddr::Other,
+    }
+}
+
+/// The contents of consecutive bulk strings as this module encodes them (`put_bulk`); stops at
+/// anything else.
+pub fn bulk_strings(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    core::iter::from_fn(move || {
+        let rest = buf.strip_prefix(b"$")?;
+        let eol = rest.iter().position(|&b| b == b'\r')?;
+        let len: usize = core::str::from_utf8(&rest[..eol]).ok()?.parse().ok()?;
+        let body = rest.get(eol + 2..eol + 2 + len)?;
+        buf = rest.get(eol + 4 + len..)?;
+        Some(body)
+    })
+}
+
+/// A command of bulk-string arguments.
+pub fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_array_len(&mut out, args.len());
+    for arg in args {
+        put_bulk(&mut out, arg);
+    }
+    out
+}
+
+/// `AUTH password` or, with an ACL user, `AUTH user password`.
+pub fn auth_command(user: Option<&str>, password: &str) -> Vec<u8> {
+    match user {
+        Some(user) => command(&[b"AUTH", user.as_bytes(), password.as_bytes()]),
+        None => command(&[b"AUTH", password.as_bytes()]),
+    }
+}
+
+fn put_usize(out: &mut Vec<u8>, v: usize) {
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(fmt_u64(v as u64, &mut digits));
+}
+
+pub fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

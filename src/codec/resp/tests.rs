@@ -1,0 +1,312 @@
+//! The RESP codec against the redis crate's encoder and parser, and against cut, corrupt and
+//! oversized input.
+
+use super::*;
+
+#[test]
+fn master_addr_replies() {
+    let bulk = |s: &str| Reply::Bulk(Some(s.as_bytes().to_vec()));
+    let arr = |v: Vec<Reply>| Reply::Array(Some(v));
+    assert_eq!(
+        master_addr(&arr(vec![bulk("127.0.0.1"), bulk("6390")])),
+        MasterAddr::Addr("127.0.0.1:6390".into())
+    );
+    assert_eq!(
+        master_addr(&arr(vec![bulk("::1"), bulk("6390")])),
+        MasterAddr::Addr("::1:6390".into())
+    );
+    assert_eq!(master_addr(&Reply::Array(None)), MasterAddr::Unknown);
+    assert_eq!(master_addr(&Reply::Bulk(None)), MasterAddr::Unknown);
+    assert_eq!(master_addr(&arr(vec![bulk("127.0.0.1")])), MasterAddr::Other);
+    assert_eq!(master_addr(&arr(vec![bulk("h"), bulk("x1")])), MasterAddr::Other);
+    assert_eq!(master_addr(&Reply::Error(b"ERR no".to_vec())), MasterAddr::Other);
+    assert_eq!(command(&[b"SELECT", b"3"]), b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec());
+}
+
+fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_array_len(&mut out, args.len());
+    for a in args {
+        put_bulk(&mut out, a);
+    }
+    out
+}
+
+#[test]
+fn encoding_matches_the_redis_crate() {
+    let args: [&[u8]; 5] = [b"EVALSHA", b"abc", b"1", b"rl:api:a\r\nFLUSHALL\r\n", b""];
+    let mut cmd = redis::cmd("EVALSHA");
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    assert_eq!(encode(&args), cmd.get_packed_command());
+    let mut out = Vec::new();
+    put_bulk_int(&mut out, 18446744073709551615);
+    put_bulk_int(&mut out, 0);
+    assert_eq!(out, b"$20\r\n18446744073709551615\r\n$1\r\n0\r\n");
+}
+
+#[test]
+fn decodes_every_type() {
+    let cases: Vec<(&[u8], Reply)> = vec![
+        (b"+OK\r\n", Reply::Status(b"OK".to_vec())),
+        (
+            b"-NOSCRIPT No matching script\r\n",
+            Reply::Error(b"NOSCRIPT No matching script".to_vec()),
+        ),
+        (b":-42\r\n", Reply::Int(-42)),
+        (b"$3\r\na\r\n\r\n", Reply::Bulk(Some(b"a\r\n".to_vec()))),
+        (b"$-1\r\n", Reply::Bulk(None)),
+        (b"*-1\r\n", Reply::Array(None)),
+        (
+            b"*3\r\n:1\r\n*1\r\n$0\r\n\r\n+x\r\n",
+            Reply::Array(Some(vec![
+                Reply::Int(1),
+                Reply::Array(Some(vec![Reply::Bulk(Some(vec![]))])),
+                Reply::Status(b"x".to_vec()),
+            ])),
+        ),
+    ];
+    for (wire, want) in cases {
+        assert_eq!(decode(wire), Ok(Some((want, wire.len()))), "{wire:?}");
+    }
+}
+
+#[test]
+fn agrees_with_the_redis_crate_parser() {
+    let wires: [&[u8]; 4] = [
+        b"*4\r\n:1\r\n:1\r\n:99\r\n:60000\r\n",
+        b"$5\r\nhello\r\n",
+        b":9223372036854775807\r\n",
+        b"*2\r\n$-1\r\n*0\r\n",
+    ];
+    for wire in wires {
+        let ours = decode(wire).unwrap().unwrap().0;
+        let theirs = redis::parse_redis_value(wire).unwrap();
+        assert_eq!(to_redis_value(&ours), theirs, "{wire:?}");
+    }
+}
+
+fn to_redis_value(r: &Reply) -> redis::Value {
+    match r {
+        Reply::Status(s) => redis::Value::SimpleString(String::from_utf8_lossy(s).into()),
+        Reply::Error(_) => unreachable!("not used in the cross-check"),
+        Reply::Int(i) => redis::Value::Int(*i),
+        Reply::Bulk(None) | Reply::Array(None) => redis::Value::Nil,
+        Reply::Bulk(Some(b)) => redis::Value::BulkString(b.clone()),
+        Reply::Array(Some(a)) => redis::Value::Array(a.iter().map(to_redis_value).collect()),
+    }
+}
+
+#[test]
+fn every_split_point_is_incomplete_then_whole() {
+    let wire: &[u8] = b"*4\r\n:1\r\n:0\r\n$4\r\nab\r\n\r\n:17000\r\n";
+    for cut in 0..wire.len() {
+        assert_eq!(decode(&wire[..cut]), Ok(None), "cut at {cut}");
+    }
+    assert!(decode(wire).unwrap().is_some());
+}
+
+#[test]
+fn pipelined_replies_are_framed_one_by_one() {
+    let wire: &[u8] = b":1\r\n-ERR x\r\n*2\r\n:3\r\n:4\r\n:5";
+    let mut pos = 0;
+    let mut got = Vec::new();
+    while let Some((r, n)) = decode(&wire[pos..]).unwrap() {
+        got.push(r);
+        pos += n;
+    }
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[1], Reply::Error(b"ERR x".to_vec()));
+    assert_eq!(&wire[pos..], b":5");
+}
+
+#[test]
+fn rejects_garbage() {
+    assert_eq!(decode(b"HTTP/1.1 200 OK\r\n"), Err(ProtocolError::BadType(b'H')));
+    assert_eq!(decode(b":12a\r\n"), Err(ProtocolError::BadInteger));
+    assert_eq!(decode(b":99999999999999999999\r\n"), Err(ProtocolError::BadInteger));
+    assert_eq!(decode(b"$-2\r\n"), Err(ProtocolError::BadLength));
+    assert_eq!(decode(b"$2\r\nabcd\r\n"), Err(ProtocolError::MissingCrlf));
+    assert_eq!(decode(b":1\n"), Err(ProtocolError::MissingCrlf));
+    assert_eq!(decode(b"\r\n"), Err(ProtocolError::BadType(b'\r')));
+    assert_eq!(decode(b"$99999999\r\n"), Err(ProtocolError::TooLarge));
+    let deep = "*1\r\n".repeat(MAX_DEPTH + 2);
+    assert_eq!(decode(deep.as_bytes()), Err(ProtocolError::TooDeep));
+    let long = vec![b'+'; MAX_LINE_LEN + 10];
+    assert_eq!(decode(&long), Err(ProtocolError::TooLarge));
+}
+
+#[test]
+fn random_corruption_never_panics() {
+    // A small deterministic xorshift keeps this test free of a rand dependency.
+    let mut s: u64 = 0x9e3779b97f4a7c15;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let base: &[u8] = b"*3\r\n:1\r\n$4\r\nabcd\r\n*2\r\n:-7\r\n+OK\r\n";
+    for _ in 0..20000 {
+        let mut buf = base.to_vec();
+        for _ in 0..(next() % 4) {
+            let i = (next() as usize) % buf.len();
+            buf[i] = next() as u8;
+        }
+        let cut = (next() as usize) % (buf.len() + 1);
+        if let Ok(Some((_, n))) = decode(&buf[..cut]) {
+            assert!(n <= cut);
+        }
+    }
+}
+
+type Outcome = (Vec<(Reply, usize)>, Result<(), ProtocolError>);
+
+/// Decodes replies one after another from the whole stream, as if it came in one read.
+fn read_whole(data: &[u8], limit: usize) -> Outcome {
+    let (mut replies, mut pos) = (Vec::new(), 0);
+    loop {
+        match decode_within(&data[pos..], limit) {
+            Ok(Some((r, n))) => {
+                replies.push((r, n));
+                pos += n;
+            }
+            Ok(None) => return (replies, Ok(())),
+            Err(e) => return (replies, Err(e)),
+        }
+    }
+}
+
+/// Reads the stream in chunks cut at `cuts`, framing across them as `Conn::read` does.
+fn read_in_chunks(data: &[u8], cuts: &[usize], limit: usize) -> Outcome {
+    let (mut replies, mut inbuf, mut from) = (Vec::new(), Vec::new(), 0);
+    let mut framer = Framer::default();
+    for &to in cuts.iter().chain([data.len()].iter()) {
+        inbuf.extend_from_slice(&data[from..to.max(from)]);
+        from = to.max(from);
+        loop {
+            match decode_framed(&mut framer, &inbuf, limit) {
+                Ok(Some((r, n))) => {
+                    assert!(n > 0 && n <= inbuf.len());
+                    replies.push((r, n));
+                    inbuf.drain(..n);
+                }
+                Ok(None) => break,
+                Err(e) => return (replies, Err(e)),
+            }
+        }
+    }
+    (replies, Ok(()))
+}
+
+/// Reading a stream in chunks, as `Conn::read` does, frames the same replies and stops the
+/// same way (same error, or waiting for more) as decoding it in one piece, wherever the
+/// chunks are cut. Inputs are pipelined replies of every type, mostly corrupted a little.
+/// (`fuzz/` runs the same property under libFuzzer and for longer: `fuzz/run.sh`.)
+#[test]
+fn chunked_reads_agree_with_one_read() {
+    let mut s: u64 = 0x2545f4914f6cdd1d;
+    let mut next = move |n: usize| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % n.max(1) as u64) as usize
+    };
+    let pieces: [&[u8]; 16] = [
+        b"*4\r\n:1\r\n:1\r\n:9\r\n:1000\r\n",
+        b"-NOSCRIPT No matching script\r\n",
+        b"+OK\r\n",
+        b":-42\r\n",
+        b"$3\r\na\r\n\r\n",
+        b"$0\r\n\r\n",
+        b"$-1\r\n",
+        b"*-1\r\n",
+        b"*0\r\n",
+        b"*2\r\n*1\r\n:1\r\n+x\r\n",
+        b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+        b"$1048577\r\n",
+        b"*65537\r\n",
+        b":9223372036854775808\r\n",
+        b"$2\r\nabc\r\n",
+        b"+a\rb\n",
+    ];
+    for _ in 0..3000 {
+        let mut data = Vec::new();
+        for _ in 0..1 + next(4) {
+            data.extend_from_slice(pieces[next(pieces.len())]);
+        }
+        for _ in 0..next(4) {
+            if data.is_empty() {
+                break;
+            }
+            let i = next(data.len());
+            match next(3) {
+                0 => data[i] = b"\r\n*$:+-01x"[next(10)],
+                1 => drop(data.remove(i)),
+                _ => data.truncate(i),
+            }
+        }
+        // A small limit now and then: a reply over it is refused alike however it came.
+        let limit = if next(4) == 0 { next(40) } else { MAX_REPLY_LEN };
+        let want = read_whole(&data, limit);
+        assert_eq!(read_in_chunks(&data, &[], limit), want, "{data:?} in one read");
+        if data.len() <= 48 {
+            for k in 0..=data.len() {
+                assert_eq!(read_in_chunks(&data, &[k], limit), want, "{data:?} cut at {k}");
+            }
+            let every: Vec<usize> = (1..data.len()).collect();
+            assert_eq!(read_in_chunks(&data, &every, limit), want, "{data:?} byte by byte");
+        }
+        let mut cuts: Vec<usize> = (0..next(6)).map(|_| next(data.len() + 1)).collect();
+        cuts.sort_unstable();
+        assert_eq!(read_in_chunks(&data, &cuts, limit), want, "{data:?} cut at {cuts:?}");
+    }
+}
+
+/// A `CLUSTER SLOTS` of 16,384 ranges alternating between 3 primaries with a replica each,
+/// as `t/322-cluster-edges.t` makes it (2.8 MiB).
+fn fragmented_cluster_slots() -> Vec<u8> {
+    let node = |port: u32| {
+        let id = format!("{port:040}");
+        format!("*4\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$40\r\n{id}\r\n*0\r\n")
+    };
+    let mut wire = format!("*{}\r\n", 16384).into_bytes();
+    for slot in 0..16384u32 {
+        let p = 7000 + slot % 3;
+        let range = format!("*4\r\n:{slot}\r\n:{slot}\r\n{}{}", node(p), node(p + 3));
+        wire.extend_from_slice(range.as_bytes());
+    }
+    wire
+}
+
+/// Framing goes on where the last read stopped: fed a multi-MiB reply a few KiB at a time,
+/// the framer looks at each byte a bounded number of times (a line cut by a read is looked
+/// at again), not at the whole reply again with each read.
+#[test]
+fn a_reply_in_many_reads_is_framed_once() {
+    let wire = fragmented_cluster_slots();
+    assert!(wire.len() > 2 << 20, "{} bytes", wire.len());
+    let mut framer = Framer::default();
+    let (mut looked_at, mut got) = (0, None);
+    for end in (4096..wire.len()).step_by(4096).chain([wire.len()]) {
+        looked_at += end - framer.at;
+        got = decode_framed(&mut framer, &wire[..end], MAX_TOPOLOGY_REPLY_LEN).unwrap();
+        assert_eq!(got.is_some(), end == wire.len());
+    }
+    assert!(looked_at < wire.len() + wire.len() / 50, "{looked_at} of {}", wire.len());
+    let (reply, used) = got.unwrap();
+    assert_eq!(used, wire.len());
+    assert_eq!(Some((reply, used)), decode_within(&wire, MAX_TOPOLOGY_REPLY_LEN).unwrap());
+}
+
+#[test]
+fn an_endless_array_is_too_large() {
+    let mut buf = b"*65536\r\n".to_vec();
+    let bulk = format!("${}\r\n{}\r\n", MAX_BULK_LEN, "x".repeat(MAX_BULK_LEN));
+    buf.extend_from_slice(bulk.as_bytes());
+    assert_eq!(decode(&buf), Ok(None), "one part of it is still fine");
+    buf.extend_from_slice(bulk.as_bytes());
+    buf.extend_from_slice(b"$5\r\n");
+    assert_eq!(decode(&buf), Err(ProtocolError::TooLarge));
+}

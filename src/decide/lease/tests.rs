@@ -1,0 +1,304 @@
+//! Reservations: spending, asking, giving back, and what changes heard of do to them.
+
+use super::*;
+
+impl Leases {
+    fn held_mut(&mut self, key: &[u8]) -> Option<&mut Held> {
+        self.slot(0, &[key]);
+        self.map.get_mut(self.scratch.as_slice())?.held.as_mut()
+    }
+}
+
+const F: Figures = Figures { limit: 100, window_ms: 60_000 };
+
+fn ask(key: &[u8], cost: u64) -> Ask<'_> {
+    Ask { zone: 0, key: [b"rl:", b"api", b":", key], cost, figures: F }
+}
+
+fn grant(units: u64) -> Grant {
+    Grant { units, life_ms: 1000, token: 500, rid: 7 }
+}
+
+#[test]
+fn life_is_lease_time_at_most_a_quarter_of_the_window() {
+    let c = LeaseConf { size: LeaseSize::Auto, time_ms: 1000 };
+    assert_eq!(c.life_ms(60_000), 1000);
+    assert_eq!(c.life_ms(2000), 500);
+    assert_eq!(margin_ms(1000), 20);
+    assert_eq!(margin_ms(100), 10);
+}
+
+#[test]
+fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
+    let mut l = Leases::new(10, 0);
+    let a = ask(b"k", 1);
+    for t in 0..4 {
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, t), 0, "seen {t}");
+    }
+    assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 10), 4);
+    // While that is asked for, the key's other requests are decided exactly.
+    for t in 11..40 {
+        assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, t), 0);
+    }
+    l.answered(&a);
+    assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 50), 34);
+    // Unanswered for a whole life: asked again. The next life asks for what the last took.
+    assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 1100), 35);
+    // Never more than the limit; a key quiet for two lives starts over.
+    assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 5000), 0);
+    let big = Ask { cost: 500, ..ask(b"k", 500) };
+    assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5001), 0);
+    assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5002), 100);
+    l.answered(&a);
+    assert_eq!(l.want(&a, LeaseSize::Fixed(7), 1000, false, 5003), 7);
+}
+
+#[test]
+fn spends_locally_until_spent_or_expired_with_the_margin() {
+    let mut l = Leases::new(10, 0);
+    let a = ask(b"k", 2);
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 0), None);
+    assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false), None);
+    assert_eq!(l.try_spend(&[ask(b"k", 2)], 150), Some((0, 43, 2950)));
+    assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), Some((0, 41, 2900)));
+    // One left: a request of two goes to Redis, one of one spends it.
+    assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), None);
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), Some((0, 40, 2900)));
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+    // Expiry: life 1000 from the start at 100, less a 20 ms margin.
+    l.granted(&a, grant(5), 1000, 40, 0, false);
+    assert!(l.try_spend(&[ask(b"k", 1)], 1979).is_some());
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 1980), None);
+}
+
+#[test]
+fn a_clock_updated_by_timer_resolution_stops_spending_that_much_earlier() {
+    let mut l = Leases::new(10, 100);
+    l.granted(&ask(b"k", 1), grant(5), 1000, 40, 0, false);
+    // Life 1000 less the 20 ms margin and the 100 ms the clock may lag.
+    assert!(l.try_spend(&[ask(b"k", 1)], 1879).is_some());
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 1880), None);
+    // A life no longer than both is not kept: it is not spendable at all.
+    let short = Grant { life_ms: 110, ..grant(5) };
+    assert_eq!(l.granted(&ask(b"j", 1), short, 2000, 40, 0, false), None);
+    assert_eq!(l.try_spend(&[ask(b"j", 1)], 2000), None);
+}
+
+#[test]
+fn a_request_spends_from_every_zone_or_from_none() {
+    let mut l = Leases::new(10, 0);
+    let b = Ask { zone: 1, ..ask(b"k", 1) };
+    l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
+    assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
+    l.granted(&b, grant(1), 0, 0, 0, false);
+    // Zone 1 has the least left: it describes the request.
+    assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), Some((1, 0, 0)));
+    // Zone 1 is spent: zone 0 keeps its two.
+    assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
+    assert_eq!(l.drain().iter().map(|g| g.units).sum::<u64>(), 2);
+}
+
+#[test]
+fn other_figures_are_not_served_from_a_reservation() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
+    let other = Ask { figures: Figures { limit: 50, window_ms: 60_000 }, ..ask(b"k", 1) };
+    assert_eq!(l.try_spend(&[other], 10), None);
+}
+
+#[test]
+fn what_is_left_goes_back_at_expiry_replacement_and_drain() {
+    let mut l = Leases::new(10, 0);
+    let a = ask(b"k", 1);
+    l.granted(&a, grant(5), 0, 0, 0, true);
+    l.try_spend(&[ask(b"k", 1)], 10).unwrap();
+    l.try_spend(&[ask(b"k", 1)], 10).unwrap();
+    assert_eq!(l.sweep(500, 500), vec![]);
+    let back = l.sweep(980, 500);
+    // The log names the unspent members: the token plus the two spent.
+    assert_eq!(
+        back,
+        vec![GiveBack {
+            zone: 0,
+            key: b"rl:api:k".to_vec(),
+            units: 3,
+            token: 502,
+            rid: 7,
+            limit: 100,
+            window_ms: 60_000
+        }]
+    );
+    assert_eq!(l.sweep(990, 500), vec![]);
+    l.granted(&a, grant(4), 1000, 0, 0, false);
+    let old = l.granted(&a, grant(4), 1100, 0, 0, false).unwrap();
+    assert_eq!((old.units, old.token), (4, 500));
+    assert_eq!(l.drain().len(), 1);
+    assert!(l.is_empty());
+}
+
+const KEY: &[u8] = b"rl:api:k";
+
+fn check_of(l: &mut Leases, gone: bool) -> Check {
+    let c = l.checks(3, KEY, gone, 0);
+    assert_eq!(c.len(), 1);
+    c[0]
+}
+
+#[test]
+fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_our_own() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    assert!(l.changed(3, KEY, 0), "the key's tracking to renew");
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "someone else's change: stopped");
+    let c = check_of(&mut l, false);
+    assert_eq!((c.zone, c.rid), (0, 7));
+    assert!(l.checks(3, KEY, false, 0).is_empty(), "one check at a time");
+    // Still of the key's life.
+    assert!(!l.checked(KEY, c, Some(true), 0));
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+    // Redis answered this worker's own decision of the key: its write is the change told of.
+    l.answered(&ask(b"k", 5));
+    assert!(l.changed(3, KEY, 10));
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent during that check");
+    let c = check_of(&mut l, false);
+    // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
+    assert!(!l.checked(KEY, c, Some(false), 0));
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    assert_eq!(l.drain(), vec![]);
+}
+
+#[test]
+fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.changed(3, KEY, 0);
+    let c = check_of(&mut l, true);
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    // Granted since the reset (a stale "gone"): its rid says so, and it is spent again.
+    assert!(!l.checked(KEY, c, Some(true), 0));
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+    // Found gone by another's EXISTS, no check on its way: checked too.
+    let c = check_of(&mut l, true);
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    assert!(!l.checked(KEY, c, Some(false), 0));
+    assert_eq!(l.drain(), vec![]);
+}
+
+#[test]
+fn a_change_heard_during_a_check_is_checked_after_it() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.changed(3, KEY, 0);
+    let first = check_of(&mut l, false);
+    assert!(!l.changed(3, KEY, 0), "not a second check at once");
+    assert!(l.checked(KEY, first, Some(true), 0), "checked again: the tracking to renew");
+    let again = check_of(&mut l, false);
+    assert!(!l.checked(KEY, again, Some(false), 0), "that check finds a reset");
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+}
+
+#[test]
+fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.changed(3, KEY, 0);
+    let old = check_of(&mut l, true);
+    // The key's reset is answered late: meanwhile its next life granted another.
+    l.held_mut(KEY).unwrap().spent = 5;
+    l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
+    assert!(!l.checked(KEY, old, Some(false), 0));
+    assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
+    // No answer (Redis silent): spent while Redis cannot be asked, checked again later.
+    l.changed(3, KEY, 0);
+    let c = check_of(&mut l, true);
+    assert!(!l.checked(KEY, c, None, 0));
+    assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some());
+    assert_eq!(l.sweep(1000, 500).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(3, 8)]);
+}
+
+#[test]
+fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    assert!(l.changed(3, KEY, 100));
+    let _ = l.checks(3, KEY, true, 100);
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+    // The check unanswered for the whole timeout (300 ms): Redis is silent.
+    assert_eq!(l.sweep(399, 300), vec![]);
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 399), None);
+    assert_eq!(l.sweep(400, 300), vec![]);
+    assert!(l.try_spend(&[ask(b"k", 1)], 400).is_some(), "spent while Redis is silent");
+    // Tried again, spent meanwhile; at most once a second.
+    let mut tracked = 0;
+    l.verify_unverified(400, |_| {
+        tracked += 1;
+        true
+    });
+    l.verify_unverified(900, |_| panic!("not within a second"));
+    assert_eq!(tracked, 1);
+    assert!(l.try_spend(&[ask(b"k", 1)], 450).is_some(), "a check in the background");
+    let c = check_of(&mut l, false);
+    assert!(!l.checked(KEY, c, Some(false), 460), "Redis back: the reservation was reset");
+    assert_eq!(l.try_spend(&[ask(b"k", 1)], 470), None);
+}
+
+#[test]
+fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.unverify_all();
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
+    l.verify_unverified(0, |_| false);
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "still no tracking");
+    let mut tracked = Vec::new();
+    l.verify_unverified(1000, |k| {
+        tracked.push(k.to_vec());
+        true
+    });
+    assert_eq!(tracked, [KEY.to_vec()]);
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "tracked again: checked meanwhile");
+    let c = check_of(&mut l, false);
+    assert!(!l.checked(KEY, c, Some(true), 0));
+    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+    l.verify_unverified(5000, |_| panic!("nothing left to check"));
+}
+
+#[test]
+fn a_held_reservation_is_not_replaced_and_an_expired_one_goes_back_before_the_next_ask() {
+    let mut l = Leases::new(10, 0);
+    let a = ask(b"k", 1);
+    for t in 0..5 {
+        l.want(&a, LeaseSize::Auto, 1000, false, t);
+    }
+    l.granted(&a, grant(5), 0, 0, 0, false);
+    l.changed(3, KEY, 0);
+    let _ = l.checks(3, KEY, true, 0);
+    // Not spent (its key was found gone): decided exactly, asking for nothing (a gcra
+    // reservation replaced by another cannot be given back).
+    assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 10), 0);
+    assert!(l.take_back().is_empty());
+    // Over: given back ahead of the ask for the next one.
+    assert_eq!(l.want(&a, LeaseSize::Fixed(9), 1000, false, 980), 9);
+    assert_eq!(l.take_back().iter().map(|g| g.units).collect::<Vec<_>>(), [5]);
+    assert!(l.take_back().is_empty());
+    assert_eq!(l.sweep(990, 500), vec![], "not twice");
+}
+
+#[test]
+fn the_table_is_bounded_and_new_keys_beyond_it_are_exact() {
+    let mut l = Leases::new(2, 0);
+    l.want(&ask(b"a", 1), LeaseSize::Auto, 1000, false, 0);
+    l.want(&ask(b"b", 1), LeaseSize::Auto, 1000, false, 0);
+    assert_eq!(l.want(&ask(b"c", 1), LeaseSize::Fixed(9), 1000, false, 0), 0);
+    // A grant for a key that found no room goes straight back.
+    let back = l.granted(&ask(b"c", 1), grant(5), 0, 0, 0, false).unwrap();
+    assert_eq!(back.units, 5);
+    assert_eq!(l.len(), 2);
+    // Idle keys leave after two lives, making room, swept every 100 ms as the timer does.
+    for t in (100..2000).step_by(100) {
+        assert_eq!(l.sweep(t, 500), vec![]);
+        assert_eq!(l.len(), 2, "at {t}");
+    }
+    assert_eq!(l.sweep(2000, 500), vec![]);
+    assert!(l.is_empty());
+}

@@ -1,0 +1,146 @@
+//! What Redis says of a leased key after the fact: a change (a write, a reset, a flush) stops
+//! the spending of its reservations until a check by rid says they are still of the key's life;
+//! lost tracking leaves them spendable until they can be checked again.
+
+use super::{Check, Checking, Leases, RECHECK_MS, ZONE_LEN};
+
+impl Leases {
+    /// Reservations of `key` (a whole Redis key) in any of `zones` zones are dropped, nothing
+    /// given back: whether they are still of the key's life cannot be checked.
+    pub fn revoke(&mut self, zones: usize, key: &[u8]) {
+        for zone in 0..zones {
+            self.slot(zone, &[key]);
+            if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
+                e.held = None;
+            }
+        }
+    }
+
+    /// Redis says `key` (a whole Redis key) changed: its reservations are checked by rid, after
+    /// the key's tracking is renewed so that a later change is heard of too. A change this
+    /// worker did not make may be a reset: not spent until the check answers. One that most
+    /// likely is this worker's own decision (Redis answered one since the key's tracking was
+    /// renewed) is checked while they are spent on: every write of the key tells of a change, and a
+    /// reservation stopped at each would hardly be spent (each stop sends a decision, whose
+    /// write tells of the next change); a reset at that very moment is then found within the
+    /// check's two round trips. Returns whether the key's tracking is to be renewed (`EXISTS`),
+    /// which starts the check; a change heard during a check asks for another after it, which
+    /// does not stop the spending.
+    pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
+        let mut track = false;
+        for zone in 0..zones {
+            self.slot(zone, &[key]);
+            let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { continue };
+            let own = core::mem::take(&mut e.wrote);
+            let Some(h) = e.held.as_mut() else { continue };
+            if h.checking == Checking::No {
+                (h.checking, h.checking_since) = (Checking::Tracking, now);
+                h.suspect |= !own;
+                track = true;
+            } else {
+                h.recheck = true;
+            }
+        }
+        track
+    }
+
+    /// The checks to send for `key` now that its tracking is renewed (`EXISTS` answered, `gone`
+    /// if the key was not there): one per reservation of the key being checked, and when it is
+    /// gone, one per reservation, none spent until its check answers.
+    pub fn checks(&mut self, zones: usize, key: &[u8], gone: bool, now: u64) -> Vec<Check> {
+        let mut out = Vec::new();
+        for zone in 0..zones {
+            self.slot(zone, &[key]);
+            let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
+            else {
+                continue;
+            };
+            h.suspect |= gone;
+            if h.checking == Checking::Tracking || (gone && h.checking == Checking::No) {
+                (h.checking, h.checking_since) = (Checking::Rid, now);
+                out.push(Check { zone, rid: h.grant.rid });
+            }
+        }
+        out
+    }
+
+    /// Redis answered a check of `key` (`None`: it did not): a reservation still of the key's
+    /// life is spent again, one of an older life dropped without a give-back (Redis no longer
+    /// counts its units). An answer about another reservation (one replaced since) is ignored.
+    /// Returns whether the key's tracking is to be renewed for the check again that a change
+    /// heard meanwhile asks for.
+    pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>, now: u64) -> bool {
+        self.slot(c.zone, &[key]);
+        let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return false };
+        let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return false };
+        if h.checking != Checking::Rid {
+            return false;
+        }
+        match present {
+            Some(true) => {
+                (h.suspect, h.unverified) = (false, false);
+                h.checking = if h.recheck { Checking::Tracking } else { Checking::No };
+                h.checking_since = now;
+                core::mem::take(&mut h.recheck)
+            }
+            Some(false) => {
+                e.held = None;
+                false
+            }
+            None => {
+                h.give_up_check();
+                false
+            }
+        }
+    }
+
+    /// Anything may have changed (`FLUSHALL`): every reservation is checked as one whose key
+    /// was found gone, not spent until then, starting with its key's tracking (`track`); one
+    /// whose tracking cannot be had goes.
+    pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+        for (k, e) in self.map.iter_mut() {
+            let Some(h) = e.held.as_mut() else { continue };
+            if h.checking != Checking::No {
+                h.recheck = true;
+            } else if track(&k[ZONE_LEN..]) {
+                (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
+            } else {
+                e.held = None;
+            }
+        }
+    }
+
+    /// Redis's tracking was lost: a reset could go unheard from now on. Reservations stay
+    /// spendable while the tracking cannot be had, and are checked once it can.
+    pub fn unverify_all(&mut self) {
+        for h in self.map.values_mut().filter_map(|e| e.held.as_mut()) {
+            h.unverified = true;
+            self.unverified = true;
+        }
+    }
+
+    /// Checks the reservations the tracking was lost for (or whose check Redis did not answer),
+    /// where `track` (renewing a key's tracking, false while it cannot) says it can be had:
+    /// spent on meanwhile, as they were while unchecked, and dropped if the check finds them of
+    /// an older life. At most once per [`RECHECK_MS`], so that a silent Redis is not asked every
+    /// tick.
+    pub fn verify_unverified(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+        if !self.unverified || now < self.verify_at {
+            return;
+        }
+        self.verify_at = now + RECHECK_MS;
+        let mut left = false;
+        for (k, e) in self.map.iter_mut() {
+            let Some(h) = e.held.as_mut().filter(|h| h.unverified && h.checking == Checking::No)
+            else {
+                continue;
+            };
+            if track(&k[ZONE_LEN..]) {
+                (h.checking, h.checking_since) = (Checking::Tracking, now);
+            } else {
+                left = true;
+            }
+        }
+        self.unverified = left;
+    }
+}

@@ -1,0 +1,164 @@
+//! A decision's arguments as the script reads them, encoded once per decision: a request's
+//! zones, and the one-zone decisions a worker sends without a request (give-backs, checks,
+//! slot releases and renewals).
+
+use crate::codec::call::Args;
+use crate::codec::resp;
+use crate::decide::key::Key;
+use crate::decide::lease::GiveBack;
+
+use super::Algorithm;
+
+/// One zone's share of a decision's arguments, with the request's own limit, window and cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneArgs<'a> {
+    pub key: Key<'a>,
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub window_ms: u64,
+    pub cost: u64,
+    /// GCRA: units that may arrive at once; balance: the balance of a missing key.
+    pub burst: u64,
+    /// `sliding_log` with `member=request_id`: the request's id, the base of its members. It
+    /// goes as algorithm `r`, in the place of `burst`, which the log does not use.
+    /// `concurrency`: the request's member, in the same place.
+    pub member: Option<&'a [u8]>,
+    /// `lease=`: the units to reserve besides the cost (0: none, an exact decision) and the
+    /// reservation's life in ms. The zone then goes as `<letter>+<want>:<life>`.
+    pub lease: Option<(u64, u64)>,
+}
+
+/// A decision's arguments: its zone keys, then `now (algorithm limit window cost burst)..`, one
+/// group of `codec::call::ARGS_PER_ZONE` per zone. The script tells decisions apart by their clocks (numbers
+/// or empty, never an algorithm), so a call of one decision is exactly the command it always was.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodedArgs {
+    call: Args,
+    /// Per zone, whether it asks for a reservation (and so is answered with seven fields); empty
+    /// when none does.
+    leased: Vec<bool>,
+}
+
+impl EncodedArgs {
+    /// `now_ms` is `None` for `clock=redis`: the script then reads Redis `TIME`. The zones are
+    /// walked three times (size, keys, figures), so callers can build them on the fly.
+    pub fn new<'a>(
+        zones: impl ExactSizeIterator<Item = ZoneArgs<'a>> + Clone,
+        now_ms: Option<u64>,
+    ) -> Self {
+        let count = zones.len();
+        let key_len = |z: &ZoneArgs<'_>| z.key.parts().iter().map(|p| p.len()).sum::<usize>();
+        let mut bytes =
+            Vec::with_capacity(40 + zones.clone().map(|z| key_len(&z) + 96).sum::<usize>());
+        for z in zones.clone() {
+            resp::put_bulk_parts(&mut bytes, &z.key.parts());
+        }
+        let keys_len = bytes.len();
+        match now_ms {
+            Some(now) => resp::put_bulk_int(&mut bytes, now),
+            None => resp::put_bulk(&mut bytes, b""),
+        }
+        let mut leased = Vec::new();
+        for (i, z) in zones.enumerate() {
+            let code = match z.algorithm {
+                Algorithm::SlidingLog if z.member.is_some() => b"r",
+                a => a.code(),
+            };
+            match z.lease {
+                Some((want, life_ms)) => {
+                    leased.resize(count, false);
+                    leased[i] = true;
+                    let field = format!("{}+{want}:{life_ms}", code[0] as char);
+                    resp::put_bulk(&mut bytes, field.as_bytes());
+                }
+                None => resp::put_bulk(&mut bytes, code),
+            }
+            resp::put_bulk_int(&mut bytes, z.limit);
+            resp::put_bulk_int(&mut bytes, z.window_ms);
+            resp::put_bulk_int(&mut bytes, z.cost);
+            match z.member {
+                Some(id) => resp::put_bulk(&mut bytes, id),
+                None => {
+                    let burst = match z.algorithm {
+                        Algorithm::Gcra | Algorithm::Balance => z.burst,
+                        _ => 0,
+                    };
+                    resp::put_bulk_int(&mut bytes, burst);
+                }
+            }
+        }
+        EncodedArgs { call: Args::new(bytes, keys_len, count), leased }
+    }
+
+    /// A decision of its own that returns a reservation's unspent units (`G<letter><rid>`).
+    pub fn give_back(g: &GiveBack, algorithm: Algorithm) -> Self {
+        let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
+        let token = resp::fmt_u64(g.token, &mut digits);
+        let op = rid_op(&mut op, &[b'G', algorithm.code()[0]], g.rid);
+        Self::one_zone(&g.key, op, g.limit, g.window_ms, g.units, token)
+    }
+
+    /// A decision of its own that asks whether the reservation `rid` is still of the present
+    /// life of `key` (`V<rid>`): it reads only.
+    pub fn check(key: &[u8], rid: u64) -> Self {
+        let mut op = [0u8; 21];
+        let op = rid_op(&mut op, b"V", rid);
+        Self::one_zone(key, op, 1, 1, 0, b"0")
+    }
+
+    /// A concurrency slot's release (`Gn`) or renewal (`Rn`), a decision of its own.
+    pub fn slot_op(op: SlotOp, s: &SlotRef<'_>) -> Self {
+        let op: &[u8] = if op == SlotOp::Release { b"Gn" } else { b"Rn" };
+        Self::one_zone(s.key, op, s.limit, s.life_ms, 1, s.member)
+    }
+
+    /// A one-zone decision a worker sends without a request, on its script clock ("").
+    fn one_zone(key: &[u8], op: &[u8], limit: u64, window_ms: u64, cost: u64, last: &[u8]) -> Self {
+        let mut bytes = Vec::with_capacity(key.len() + last.len() + 64);
+        resp::put_bulk(&mut bytes, key);
+        let keys_len = bytes.len();
+        resp::put_bulk(&mut bytes, b"");
+        resp::put_bulk(&mut bytes, op);
+        resp::put_bulk_int(&mut bytes, limit);
+        resp::put_bulk_int(&mut bytes, window_ms);
+        resp::put_bulk_int(&mut bytes, cost);
+        resp::put_bulk(&mut bytes, last);
+        EncodedArgs { call: Args::new(bytes, keys_len, 1), leased: Vec::new() }
+    }
+
+    /// Whether zone `i` asked for a reservation.
+    pub fn leased(&self, i: usize) -> bool {
+        self.leased.get(i).copied().unwrap_or(false)
+    }
+
+    /// The share of a script call that carries it.
+    pub fn call(&self) -> &Args {
+        &self.call
+    }
+}
+
+/// What a worker does to a slot it holds, without a request deciding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotOp {
+    Release,
+    Renew,
+}
+
+/// A slot as its release or renewal names it: the whole Redis key, the zone's limit (for the
+/// remaining count the reply carries), the slot's life and the request's member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef<'a> {
+    pub key: &'a [u8],
+    pub limit: u64,
+    pub life_ms: u64,
+    pub member: &'a [u8],
+}
+
+/// `head` followed by the digits of `rid`, in `buf`.
+fn rid_op<'a>(buf: &'a mut [u8], head: &[u8], rid: u64) -> &'a [u8] {
+    let mut digits = [0u8; 20];
+    let rid = resp::fmt_u64(rid, &mut digits);
+    buf[..head.len()].copy_from_slice(head);
+    buf[head.len()..head.len() + rid.len()].copy_from_slice(rid);
+    &buf[..head.len() + rid.len()]
+}

@@ -1,0 +1,112 @@
+//! The script's reply, read into decisions.
+
+use crate::codec::resp::Reply;
+use crate::decide::lease::Grant;
+
+use super::EncodedArgs;
+
+/// What one zone said about a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneVerdict {
+    pub ok: bool,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    /// What a zone that asked for a reservation was granted (nothing otherwise).
+    pub grant: Grant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    pub zones: Vec<ZoneVerdict>,
+}
+
+impl Decision {
+    /// The zone that describes the decision in headers and variables: on rejection the rejecting
+    /// zone with the longest wait, otherwise the zone with the least remaining.
+    pub fn deciding_zone(&self) -> usize {
+        let mut best = 0;
+        for (i, z) in self.zones.iter().enumerate() {
+            let b = &self.zones[best];
+            let better = if self.allowed {
+                z.remaining < b.remaining
+            } else {
+                !z.ok && (b.ok || z.reset_ms > b.reset_ms)
+            };
+            if better {
+                best = i;
+            }
+        }
+        best
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyError {
+    /// Redis no longer has the script cached; retry with `EVAL`.
+    NoScript,
+    /// An error reply, such as `WRONGTYPE` when someone else's data sits under our key.
+    Redis(String),
+    /// A reply that is not what the script returns.
+    Unexpected,
+}
+
+/// Reads the script's reply for a decision over `zones` zones, none asking for a reservation.
+pub fn decode_decision(reply: &Reply, zones: usize) -> Result<Decision, ReplyError> {
+    decode_args_reply(reply, zones, |_| false)
+}
+
+/// Reads the script's reply for the decision `args` encoded.
+pub fn decode_reply(reply: &Reply, args: &EncodedArgs) -> Result<Decision, ReplyError> {
+    decode_args_reply(reply, args.call().zones(), |i| args.leased(i))
+}
+
+/// A zone that asked for a reservation answers seven fields, the others three.
+fn decode_args_reply(
+    reply: &Reply,
+    zones: usize,
+    leased: impl Fn(usize) -> bool,
+) -> Result<Decision, ReplyError> {
+    let len = 1 + (0..zones).map(|z| if leased(z) { 7 } else { 3 }).sum::<usize>();
+    let items = match reply {
+        Reply::Error(msg) if msg.starts_with(b"NOSCRIPT") => return Err(ReplyError::NoScript),
+        Reply::Error(msg) => return Err(ReplyError::Redis(String::from_utf8_lossy(msg).into())),
+        Reply::Array(Some(items)) if items.len() == len && zones > 0 => items,
+        _ => return Err(ReplyError::Unexpected),
+    };
+    let int = |i: usize| match items[i] {
+        Reply::Int(v) if v >= 0 => Ok(v as u64),
+        _ => Err(ReplyError::Unexpected),
+    };
+    let allowed = match int(0)? {
+        0 => false,
+        1 => true,
+        _ => return Err(ReplyError::Unexpected),
+    };
+    let mut at = 1;
+    let zones = (0..zones)
+        .map(|z| {
+            let mut v = ZoneVerdict {
+                ok: int(at)? == 1,
+                remaining: int(at + 1)?,
+                reset_ms: int(at + 2)?,
+                grant: Grant::default(),
+            };
+            at += 3;
+            if leased(z) {
+                v.grant = Grant {
+                    units: int(at)?,
+                    life_ms: int(at + 1)?,
+                    token: int(at + 2)?,
+                    rid: int(at + 3)?,
+                };
+                at += 4;
+            }
+            Ok(v)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if allowed && zones.iter().any(|z| !z.ok) {
+        return Err(ReplyError::Unexpected);
+    }
+    Ok(Decision { allowed, zones })
+}

@@ -1,0 +1,319 @@
+//! The script's arguments and replies, against the redis crate's own packing.
+
+use super::*;
+use crate::codec::call::{split_batch, write_batch};
+use crate::codec::resp::Reply;
+use crate::decide::key::Key;
+use crate::decide::lease::{GiveBack, Grant};
+
+#[test]
+fn one_script_hashed_once() {
+    assert_eq!(script().sha, sha1_hex(SCRIPT.as_bytes()));
+    assert_eq!(script().body, SCRIPT);
+    assert!(std::ptr::eq(script(), script()), "one script, its hash computed once");
+}
+
+fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
+    ZoneArgs {
+        key,
+        algorithm,
+        limit: 100,
+        window_ms: 60_000,
+        cost,
+        burst: 7,
+        member: None,
+        lease: None,
+    }
+}
+
+#[test]
+fn a_batch_of_one_is_the_plain_call() {
+    let zones = [
+        zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingLog, 1),
+        zone(Key::new(b"rl:", b"ip", b"10.0.0.1"), Algorithm::Gcra, 3),
+    ];
+    let args = EncodedArgs::new(zones.iter().copied(), Some(1_700_000_000_123));
+    assert_call(
+        &args,
+        &[
+            "2",
+            "rl:api:a",
+            "rl:ip:10.0.0.1",
+            "1700000000123",
+            "l",
+            "100",
+            "60000",
+            "1",
+            "0",
+            "g",
+            "100",
+            "60000",
+            "3",
+            "7",
+        ],
+    );
+}
+
+#[test]
+fn request_id_members_go_as_algorithm_r_in_the_place_of_burst() {
+    let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingLog, 2);
+    z.member = Some(b"0123456789abcdef0123456789abcdef");
+    let args = EncodedArgs::new([z].into_iter(), None);
+    assert_call(
+        &args,
+        &["1", "rl:api:a", "", "r", "100", "60000", "2", "0123456789abcdef0123456789abcdef"],
+    );
+}
+
+#[test]
+fn a_zone_asking_for_a_reservation_names_it_in_its_algorithm_field_and_gets_seven_fields() {
+    let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 1);
+    z.lease = Some((50, 1000));
+    let plain = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::Gcra, 1);
+    let args = EncodedArgs::new([z, plain].into_iter(), Some(7));
+    assert_call(
+        &args,
+        &[
+            "2",
+            "rl:api:a",
+            "rl:ip:b",
+            "7",
+            "c+50:1000",
+            "100",
+            "60000",
+            "1",
+            "0",
+            "g",
+            "100",
+            "60000",
+            "1",
+            "7",
+        ],
+    );
+    let d = decode_reply(&ints(&[1, 1, 40, 900, 10, 1000, 77, 99, 1, 5, 600]), &args).unwrap();
+    assert_eq!(d.zones[0].grant, Grant { units: 10, life_ms: 1000, token: 77, rid: 99 });
+    assert_eq!((d.zones[1].remaining, d.zones[1].grant), (5, Grant::default()));
+    // Three fields for the reserving zone: not the script's answer.
+    assert_eq!(
+        decode_reply(&ints(&[1, 1, 40, 900, 1, 5, 600]), &args),
+        Err(ReplyError::Unexpected)
+    );
+}
+
+#[test]
+fn a_give_back_is_a_decision_of_its_own() {
+    let g = GiveBack {
+        zone: 0,
+        key: b"rl:api:a".to_vec(),
+        units: 3,
+        token: 1234,
+        rid: 1_700_000_000_123_456,
+        limit: 100,
+        window_ms: 60_000,
+    };
+    let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
+    let op = "Gl1700000000123456";
+    assert_call(&args, &["1", "rl:api:a", "", op, "100", "60000", "3", "1234"]);
+    let check = EncodedArgs::check(b"rl:api:a", u64::MAX);
+    assert_call(&check, &["1", "rl:api:a", "", "V18446744073709551615", "1", "1", "0", "0"]);
+}
+
+#[test]
+fn a_concurrency_zone_sends_its_member_and_a_slot_is_released_or_renewed_alone() {
+    let mut z = zone(Key::new(b"rl:", b"conc", b"a"), Algorithm::Concurrency, 1);
+    z.member = Some(b"f00d");
+    z.window_ms = 5000;
+    let args = EncodedArgs::new([z].into_iter(), None);
+    assert_call(&args, &["1", "rl:conc:a", "", "n", "100", "5000", "1", "f00d"]);
+    let s = SlotRef { key: b"rl:conc:a", limit: 5, life_ms: 5000, member: b"f00d" };
+    let release = EncodedArgs::slot_op(SlotOp::Release, &s);
+    assert_call(&release, &["1", "rl:conc:a", "", "Gn", "5", "5000", "1", "f00d"]);
+    let renew = EncodedArgs::slot_op(SlotOp::Renew, &s);
+    assert_call(&renew, &["1", "rl:conc:a", "", "Rn", "5", "5000", "1", "f00d"]);
+    // A renewal that finds the slot gone: not allowed, the zone not ok.
+    assert!(!decode_decision(&ints(&[0, 0, 4, 0]), 1).unwrap().allowed);
+    assert_eq!(Algorithm::parse("concurrency"), Some(Algorithm::Concurrency));
+    assert_eq!(Algorithm::Concurrency.capacity(5, 1), 5);
+}
+
+#[test]
+fn the_slot_of_a_decision_is_the_one_all_its_keys_share() {
+    let alg = Algorithm::SlidingLog;
+    let one = [zone(Key::new(b"rl:", b"api", b"consumer-42"), alg, 0)];
+    assert_eq!(EncodedArgs::new(one.iter().copied(), None).call().slot(), Some(14017));
+    let tagged = [
+        zone(Key::new(b"rl:", b"min", b"{user1000}"), alg, 0),
+        zone(Key::new(b"rl:", b"day", b"{user1000}"), alg, 0),
+    ];
+    assert_eq!(EncodedArgs::new(tagged.iter().copied(), Some(1)).call().slot(), Some(3443));
+    let apart = [
+        zone(Key::new(b"rl:", b"min", b"a"), alg, 0),
+        zone(Key::new(b"rl:", b"day", b"a"), alg, 0),
+    ];
+    assert_eq!(EncodedArgs::new(apart.iter().copied(), None).call().slot(), None);
+    // Keys with CR, LF and `$` in them are read back whole.
+    let odd = [zone(Key::new(b"rl:", b"api", b"a\r\n$3\r\n{x}"), alg, 0)];
+    let slot = crate::codec::slot::key_slot(&[b"rl:api:a\r\n$3\r\n{x}"]);
+    assert_eq!(EncodedArgs::new(odd.iter().copied(), None).call().slot(), Some(slot));
+}
+
+/// A decision of one zone (clock from Redis) and one of two (a gateway clock of 42 ms).
+fn two_decisions() -> (EncodedArgs, EncodedArgs) {
+    let one = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::SlidingCounter, 2)];
+    let two = [
+        zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::SlidingLog, 0),
+        zone(Key::new(b"rl:", b"user", b"c"), Algorithm::Gcra, 1),
+    ];
+    (EncodedArgs::new(one.iter().copied(), None), EncodedArgs::new(two.iter().copied(), Some(42)))
+}
+
+#[test]
+fn a_batch_puts_every_key_before_every_argument() {
+    let (a, b) = two_decisions();
+    let mut cmd = Vec::new();
+    write_batch(
+        &mut cmd,
+        &Script { body: "", sha: [b'0'; 40] },
+        &[a.call(), b.call(), a.call()],
+        false,
+    );
+    let mut expected = redis::cmd("EVALSHA");
+    expected.arg(&[b'0'; 40][..]).arg(4).arg("rl:api:a").arg("rl:ip:b").arg("rl:user:c");
+    expected.arg("rl:api:a");
+    expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+    expected.arg(42).arg("l").arg(100).arg(60_000).arg(0).arg(0);
+    expected.arg("g").arg(100).arg(60_000).arg(1).arg(7);
+    expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+    assert_eq!(cmd, expected.get_packed_command());
+    // What each decision adds: all but the call's header ("*26" against "*3" when empty).
+    let mut empty = Vec::new();
+    write_batch(&mut empty, &Script { body: "", sha: [b'0'; 40] }, &[], false);
+    assert_eq!(cmd.len(), empty.len() + 1 + 2 * a.call().wire_len() + b.call().wire_len());
+}
+
+#[test]
+fn a_node_batch_declares_the_keys_of_its_first_decision_only() {
+    let (a, b) = two_decisions();
+    let script = Script { body: "", sha: [b'0'; 40] };
+    let mut cmd = Vec::new();
+    write_batch(&mut cmd, &script, &[b.call(), a.call(), a.call()], true);
+    let mut expected = redis::cmd("EVALSHA");
+    expected.arg(&[b'0'; 40][..]).arg(2).arg("rl:ip:b").arg("rl:user:c");
+    expected.arg("k2").arg("rl:api:a").arg("rl:api:a");
+    expected.arg(42).arg("l").arg(100).arg(60_000).arg(0).arg(0);
+    expected.arg("g").arg(100).arg(60_000).arg(1).arg(7);
+    expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+    expected.arg("").arg("c").arg(100).arg(60_000).arg(2).arg(0);
+    assert_eq!(cmd, expected.get_packed_command());
+    // A batch of one declares its keys, as ever: no marker.
+    let (mut alone, mut plain) = (Vec::new(), Vec::new());
+    write_batch(&mut alone, &script, &[b.call()], true);
+    write_batch(&mut plain, &script, &[b.call()], false);
+    assert_eq!(alone, plain);
+}
+
+#[test]
+fn splits_a_batch_reply() {
+    let d = |allowed: i64| ints(&[allowed, allowed, 5, 100]);
+    let wrong = Reply::Error(b"WRONGTYPE Operation".to_vec());
+    let three = Reply::Array(Some(vec![d(1), wrong.clone(), d(0)]));
+    let parts = split_batch(three, 3).unwrap();
+    assert_eq!(parts, vec![d(1), wrong.clone(), d(0)]);
+    assert!(decode_decision(&parts[0], 1).unwrap().allowed);
+    assert_eq!(decode_decision(&parts[1], 1), Err(ReplyError::Redis("WRONGTYPE Operation".into())));
+    assert!(!decode_decision(&parts[2], 1).unwrap().allowed);
+
+    // One decision: the reply is that decision's.
+    assert_eq!(split_batch(d(1), 1), Ok(vec![d(1)]));
+    let noscript = Reply::Error(b"NOSCRIPT No matching script".to_vec());
+    for n in [1, 2] {
+        assert_eq!(split_batch(noscript.clone(), n), Err(noscript.clone()));
+    }
+    // A reply of another shape concerns the whole call; each decision then decodes it as
+    // unexpected.
+    let short = Reply::Array(Some(vec![d(1)]));
+    assert_eq!(split_batch(short.clone(), 2), Err(short.clone()));
+    assert_eq!(decode_decision(&short, 1), Err(ReplyError::Unexpected));
+    assert_eq!(split_batch(Reply::Int(1), 2), Err(Reply::Int(1)));
+}
+
+#[test]
+fn redis_clock_sends_an_empty_now() {
+    let zones = [zone(Key::new(b"", b"z", b"k"), Algorithm::SlidingCounter, 0)];
+    let mut cmd = Vec::new();
+    let args = EncodedArgs::new(zones.iter().copied(), None);
+    write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[args.call()], false);
+    assert!(cmd.windows(6).any(|w| w == b"$0\r\n\r\n"));
+}
+
+#[test]
+fn algorithms() {
+    assert_eq!(Algorithm::parse("gcra"), Some(Algorithm::Gcra));
+    assert_eq!(Algorithm::parse("sliding_counter"), Some(Algorithm::SlidingCounter));
+    assert_eq!(Algorithm::parse("sliding_log"), Some(Algorithm::SlidingLog));
+    assert_eq!(Algorithm::parse("sliding_log_packed"), Some(Algorithm::SlidingLogPacked));
+    assert_eq!(Algorithm::SlidingLogPacked.capacity(100, 5), 100);
+    assert_eq!(Algorithm::parse("log"), None);
+    assert_eq!(Algorithm::Gcra.capacity(100, 5), 5);
+    assert_eq!(Algorithm::SlidingLog.capacity(100, 5), 100);
+    assert_eq!(Algorithm::SlidingLog.max_limit(), 100_000);
+    assert_eq!(Algorithm::SlidingLogPacked.max_limit(), 10_000);
+    assert_eq!(Algorithm::Gcra.max_limit(), MAX_LIMIT);
+    assert_eq!(Algorithm::parse("balance"), Some(Algorithm::Balance));
+    assert_eq!(Algorithm::CalendarQuota.capacity(100, 5), 100);
+    assert_eq!(Algorithm::Balance.capacity(100, 5), u64::MAX);
+}
+
+/// `args` as the one decision of a call: `EVALSHA <sha> <fields>`, as the redis crate packs it.
+fn assert_call(args: &EncodedArgs, fields: &[&str]) {
+    let mut expected = redis::cmd("EVALSHA");
+    expected.arg(&[b'f'; 40][..]);
+    for f in fields {
+        expected.arg(*f);
+    }
+    let mut cmd = Vec::new();
+    write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[args.call()], false);
+    assert_eq!(cmd, expected.get_packed_command());
+}
+
+fn ints(v: &[i64]) -> Reply {
+    Reply::Array(Some(v.iter().map(|&i| Reply::Int(i)).collect()))
+}
+
+#[test]
+fn decodes_allow_and_deny() {
+    let d = decode_decision(&ints(&[1, 1, 41, 17_000]), 1).unwrap();
+    assert_eq!(
+        d,
+        Decision {
+            allowed: true,
+            zones: vec![ZoneVerdict {
+                ok: true,
+                remaining: 41,
+                reset_ms: 17_000,
+                grant: Grant::default()
+            }]
+        }
+    );
+    let d = decode_decision(&ints(&[0, 1, 5, 100, 0, 0, 900, 0, 0, 1200]), 3).unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.deciding_zone(), 2);
+    let d = decode_decision(&ints(&[1, 1, 5, 100, 1, 2, 900]), 2).unwrap();
+    assert_eq!(d.deciding_zone(), 1);
+}
+
+#[test]
+fn rejects_bad_replies() {
+    assert_eq!(
+        decode_decision(&Reply::Error(b"NOSCRIPT No matching script".to_vec()), 1),
+        Err(ReplyError::NoScript)
+    );
+    assert_eq!(
+        decode_decision(&Reply::Error(b"WRONGTYPE Operation".to_vec()), 1),
+        Err(ReplyError::Redis("WRONGTYPE Operation".into()))
+    );
+    for bad in [ints(&[1, 1, 2]), ints(&[2, 1, 2, 3]), ints(&[1, 0, 2, 3]), ints(&[1, 1, -2, 3])] {
+        assert_eq!(decode_decision(&bad, 1), Err(ReplyError::Unexpected), "{bad:?}");
+    }
+    assert_eq!(decode_decision(&Reply::Bulk(None), 1), Err(ReplyError::Unexpected));
+}

@@ -1,0 +1,336 @@
+//! Configuration structures and their merging.
+
+use core::cell::{Cell, OnceCell, RefCell};
+use core::ffi::c_char;
+use core::ffi::c_void;
+use core::ptr;
+
+use ngx::core::NGX_CONF_ERROR;
+use ngx::ffi::{
+    ngx_conf_t, ngx_core_conf_t, ngx_core_module, ngx_cycle, ngx_http_complex_value_t, ngx_uint_t,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
+};
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_log_error;
+
+use crate::decide::deny_cache::DenyCache;
+use crate::decide::headers::HeaderMode;
+use crate::decide::key::prefix_tag;
+use crate::decide::lease::{LeaseConf, Leases};
+use crate::decide::local_limit::LocalLimiter;
+use crate::decide::quota::Period;
+use crate::decide::script::Algorithm;
+use crate::decide::slots::Slots;
+use crate::glue::module::RateLimit;
+use crate::metrics::store::Cells;
+use crate::metrics::Metrics;
+use crate::redis::conf::RedisConf;
+use crate::redis::pool::WorkerPool;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// Redis `TIME`: every gateway judged by one clock.
+    Redis,
+    /// The gateway's own millisecond clock, passed to the script.
+    Nginx,
+}
+
+/// A number written in the configuration, or a variable (a `map` from consumer to plan)
+/// evaluated and checked per request.
+#[derive(Clone, Copy)]
+pub enum Param {
+    Fixed(u64),
+    /// Compiled in the configuration pool.
+    Var(*mut ngx_http_complex_value_t),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailPolicy {
+    Open,
+    Closed,
+    /// Each worker enforces its share of every zone from memory.
+    Local,
+}
+
+pub enum KeyPiece {
+    /// Compiled in the configuration pool.
+    Value(*mut ngx_http_complex_value_t),
+    Brace(u8),
+}
+
+pub struct Zone {
+    pub name: String,
+    /// Compiled in the configuration pool.
+    pub key: *mut ngx_http_complex_value_t,
+    /// The template as written: a shortened value keeps its literal head, and
+    /// `ratelimit_admin` puts its `key=` where the variable is.
+    pub key_text: Vec<u8>,
+    /// The same template split at its literal braces, for Redis Cluster; empty without any.
+    pub key_pieces: Vec<KeyPiece>,
+    /// `crate::decide::key::tag_template` of the key.
+    pub tag: Option<Vec<u8>>,
+    pub algorithm: Algorithm,
+    pub limit: Param,
+    pub window: Param,
+    pub burst: u64,
+    pub clock: Clock,
+    /// Calendar quotas: the period, whose length the headers announce as the window.
+    pub period: Option<Period>,
+    /// The status of a rejection this zone decides, before `ratelimit_status`.
+    pub status: Option<u64>,
+    /// `exact_key=on`: the key value is the whole Redis key (the article's `rl:sw:<id>`), so
+    /// that gateways still running the Lua block count in the same keys.
+    pub exact_key: bool,
+    /// `member=request_id`: `$request_id`, compiled in the configuration pool; each admitted
+    /// unit of the log is stored under the request's id instead of a compact integer.
+    pub member: Option<*mut ngx_http_complex_value_t>,
+    /// `lease=` and `lease_time=` (`crate::decide::lease`); `None` for `lease=off`.
+    pub lease: Option<LeaseConf>,
+    /// Where it was declared, for errors found once the whole `http{}` block is read.
+    pub at: (String, ngx_uint_t),
+}
+
+impl Zone {
+    /// `algorithm=concurrency`: its window field is the slot's life (`lease_time=`), its member
+    /// the request's `$request_id`.
+    pub fn concurrency(&self) -> bool {
+        self.algorithm == Algorithm::Concurrency
+    }
+}
+
+pub struct MainConf {
+    pub redis: Option<RedisConf>,
+    pub zones: Vec<Zone>,
+    /// This worker's connections; created on first use, because a single-process reload builds
+    /// a new cycle without running `init_process` again.
+    pub pool: Cell<*mut WorkerPool>,
+    /// This worker's remembered rejections, created on the first one. Indexed by zone, so it
+    /// belongs to this configuration and goes with it on reload.
+    pub deny_cache: RefCell<Option<DenyCache>>,
+    /// This worker's reservations, created on the first zone that asks for one; given back at
+    /// worker exit (`crate::glue::giveback`).
+    pub leases: RefCell<Option<Leases>>,
+    /// The concurrency slots this worker's requests hold, created on the first one; renewed by
+    /// the sweep of `crate::glue::giveback` and released when their requests end.
+    pub slots: RefCell<Option<Slots>>,
+    /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
+    pub local: RefCell<Option<LocalLimiter>>,
+    /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
+    pub local_size: Option<u64>,
+    /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
+    pub metrics_size: Option<u64>,
+    pub metrics: Cell<Metrics>,
+    /// Where `metrics` counts: this configuration's blocks in the zone.
+    pub metrics_cells: OnceCell<Cells>,
+    /// Where `ratelimit_metrics` was first used, to name it when the zone is missing.
+    pub metrics_used: Option<(String, ngx_uint_t)>,
+}
+
+impl MainConf {
+    pub fn local_size(&self) -> usize {
+        self.local_size.unwrap_or(16 << 20) as usize
+    }
+
+    /// This worker's way to Redis for this configuration, made on first use; `None` without
+    /// `ratelimit_redis`.
+    pub fn pool(&self) -> Option<&'static mut WorkerPool> {
+        let redis = self.redis.as_ref()?;
+        WorkerPool::get(&self.pool, redis, self.metrics.get())
+    }
+}
+
+impl Default for MainConf {
+    fn default() -> Self {
+        MainConf {
+            redis: None,
+            zones: Vec::new(),
+            pool: Cell::new(ptr::null_mut()),
+            deny_cache: RefCell::new(None),
+            leases: RefCell::new(None),
+            slots: RefCell::new(None),
+            local: RefCell::new(None),
+            local_size: None,
+            metrics_size: None,
+            metrics: Cell::new(Metrics::disabled()),
+            metrics_cells: OnceCell::new(),
+            metrics_used: None,
+        }
+    }
+}
+
+/// A `ratelimit` line, resolved to its zone once the whole `http{}` block is read.
+#[derive(Clone)]
+pub struct LimitRef {
+    pub name: String,
+    pub zone: usize,
+    pub cost: Param,
+    /// Where the line was, for errors found after parsing.
+    pub file: String,
+    pub line: ngx_uint_t,
+}
+
+#[derive(Default)]
+pub struct LocConf {
+    /// `None`: not set here, inherit the parent's set, as `limit_req` does. `Some(empty)`:
+    /// `ratelimit off`.
+    pub limits: Option<Vec<LimitRef>>,
+    /// `ratelimit off` was written at this level; only for checking the lines that follow.
+    pub limits_off: bool,
+    pub fail: Option<FailPolicy>,
+    pub status: Option<u64>,
+    pub headers: Option<HeaderMode>,
+    pub log_level: Option<ngx_uint_t>,
+    pub deny_cache: Option<bool>,
+    pub fail_local_share: Option<u64>,
+    /// `ratelimit_admin`: the balance zone this location administers; not inherited.
+    pub admin_zone: Option<usize>,
+    /// `ratelimit_dry_run`: decide as usual, reject nothing.
+    pub dry_run: Option<bool>,
+}
+
+impl LocConf {
+    pub fn limits(&self) -> &[LimitRef] {
+        self.limits.as_deref().unwrap_or(&[])
+    }
+    pub fn fail(&self) -> FailPolicy {
+        self.fail.unwrap_or(FailPolicy::Open)
+    }
+    pub fn status(&self) -> ngx_uint_t {
+        self.status.unwrap_or(429) as ngx_uint_t
+    }
+    pub fn headers(&self) -> HeaderMode {
+        self.headers.unwrap_or(HeaderMode::Legacy)
+    }
+    pub fn log_level(&self) -> ngx_uint_t {
+        self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
+    }
+    /// `None`: the default, this nginx's `worker_processes`.
+    pub fn fail_local_share(&self) -> Option<u64> {
+        self.fail_local_share
+    }
+    pub fn deny_cache(&self) -> bool {
+        self.deny_cache.unwrap_or(true)
+    }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
+}
+
+/// Inherits unset values like `ngx_conf_merge_*_value`, then resolves zone names: zones may be
+/// declared after the `ratelimit` lines that use them, as with `limit_req`.
+///
+/// # Safety
+/// Called by nginx with valid configuration pointers of this module's types.
+pub unsafe extern "C" fn merge_loc_conf(
+    cf: *mut ngx_conf_t,
+    prev: *mut c_void,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let prev = &*(prev as *const LocConf);
+    let conf = &mut *(conf as *mut LocConf);
+    let inherited = conf.limits.is_none();
+    if inherited {
+        conf.limits.clone_from(&prev.limits);
+    }
+    conf.fail = conf.fail.or(prev.fail);
+    conf.status = conf.status.or(prev.status);
+    conf.headers = conf.headers.or(prev.headers);
+    conf.log_level = conf.log_level.or(prev.log_level);
+    conf.deny_cache = conf.deny_cache.or(prev.deny_cache);
+    conf.fail_local_share = conf.fail_local_share.or(prev.fail_local_share);
+    conf.dry_run = conf.dry_run.or(prev.dry_run);
+
+    let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
+        return ptr::null_mut();
+    };
+    let Some(mcf) = RateLimit::main_conf(&*cf) else { return NGX_CONF_ERROR as _ };
+    for limit in limits.iter_mut() {
+        if mcf.redis.is_none() {
+            return fail(cf, limit, "ratelimit \"%s\" is used but \"ratelimit_redis\" is not set");
+        }
+        match mcf.zones.iter().position(|z| z.name == limit.name) {
+            Some(i) => limit.zone = i,
+            None => return fail(cf, limit, "unknown ratelimit zone \"%s\""),
+        }
+        if mcf.zones[limit.zone].concurrency() && !matches!(limit.cost, Param::Fixed(1)) {
+            return fail(
+                cf,
+                limit,
+                "ratelimit \"%s\" is a concurrency zone: a request holds one slot, cost= must \
+                 be 1",
+            );
+        }
+    }
+    if !inherited {
+        warn_cross_slot(cf, mcf, limits);
+        warn_mixed_leases(cf, mcf, limits);
+    }
+    ptr::null_mut()
+}
+
+/// A request is admitted from reservations in all its zones or in none, so a location whose
+/// zones do not all lease never admits from them and reserves nothing: say so, once.
+unsafe fn warn_mixed_leases(cf: *mut ngx_conf_t, mcf: &MainConf, limits: &[LimitRef]) {
+    let (leased, plain): (Vec<&LimitRef>, Vec<&LimitRef>) =
+        limits.iter().partition(|l| mcf.zones[l.zone].lease.is_some());
+    let (Some(l), Some(p)) = (leased.first(), plain.first()) else { return };
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        (*cf).log,
+        "ratelimit zone \"{}\" has lease= but \"{}\" in the same location has not: its requests \
+         are decided exactly, without reservations; give every zone of the location lease= or \
+         none, in {}:{}",
+        l.name,
+        p.name,
+        p.file,
+        p.line
+    );
+}
+
+/// On a Cluster, zones decided together must share a slot, or each of their decisions is
+/// refused: warn where that cannot hold, once, at the first `ratelimit` line of the level.
+unsafe fn warn_cross_slot(cf: *mut ngx_conf_t, mcf: &MainConf, limits: &[LimitRef]) {
+    let Some(redis) = mcf.redis.as_ref().filter(|r| r.cluster) else { return };
+    if limits.len() < 2 || prefix_tag(&redis.prefix) {
+        return;
+    }
+    let tags: Vec<_> = limits.iter().map(|l| mcf.zones[l.zone].tag.as_ref()).collect();
+    if tags.iter().all(|t| t.is_some() && *t == tags[0]) {
+        return;
+    }
+    let names: Vec<_> = limits.iter().map(|l| format!("\"{}\"", l.name)).collect();
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        (*cf).log,
+        "ratelimit zones {} have no common hash tag in their keys: with \"cluster=on\" their \
+         decisions follow ratelimit_fail, in {}:{}",
+        names.join(", "),
+        limits[0].file,
+        limits[0].line
+    );
+}
+
+/// Logs with the `ratelimit` line's own position: `ngx_conf_log_error` would point at the end
+/// of the `http{}` block, where merging happens.
+unsafe fn fail(cf: *mut ngx_conf_t, limit: &LimitRef, what: &str) -> *mut c_char {
+    let msg = what.replace("%s", &limit.name);
+    ngx_log_error!(NGX_LOG_EMERG, (*cf).log, "{msg} in {}:{}", limit.file, limit.line);
+    NGX_CONF_ERROR as _
+}
+
+/// The core module's configuration of the running cycle, if any.
+unsafe fn core_conf() -> Option<&'static ngx_core_conf_t> {
+    // SAFETY: the core module's configuration is the cycle's first, set before workers start and
+    // never changed in a worker.
+    (*(*ngx_cycle).conf_ctx.add(ngx_core_module.index) as *const ngx_core_conf_t).as_ref()
+}
+
+/// `worker_processes` of the running configuration: the default share of a zone per worker.
+pub unsafe fn worker_processes() -> u64 {
+    core_conf().map_or(1, |c| (c.worker_processes as u64).max(1))
+}
+
+/// `timer_resolution` (0 when not set): how long nginx's cached clock may go without an update.
+pub unsafe fn timer_resolution() -> u64 {
+    core_conf().map_or(0, |c| c.timer_resolution as u64)
+}

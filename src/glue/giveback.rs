@@ -1,0 +1,360 @@
+//! Returning reservations' unspent units to Redis (`lease=`), without a request: a per-worker
+//! timer gives back what expired, and on graceful shutdown or reload everything still held.
+//! The same path releases concurrency slots when their requests end, and the same timer renews
+//! the slots of requests still running (`crate::decide::slots`), all of them due in one tick together,
+//! so that the pool writes them as one script call.
+//!
+//! Best effort: the guarantee never depends on it (units not given back lapse in Redis at the
+//! end of their reservation), only under-admission does. While any reservation is held the
+//! timer is not cancelable, so a worker told to quit waits for its next tick, which gives
+//! everything back; each give-back's own deadline then keeps the worker until Redis answered or
+//! `timeout` passed.
+
+use core::ffi::c_void;
+use core::ptr::{self, NonNull};
+
+use ngx::ffi::{
+    ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event,
+    ngx_event_t, ngx_exiting,
+};
+
+use crate::codec::resp::Reply;
+use crate::decide::lease::{Check, GiveBack};
+use crate::decide::quota::Period;
+use crate::decide::script::{self, EncodedArgs, SlotOp, SlotRef};
+use crate::decide::slots::{Release, Renewal, Slots};
+use crate::glue::conf::MainConf;
+use crate::metrics::{LeaseEvent, SlotEvent};
+use crate::redis::follow::{follow, submit, Follow, Retries};
+use crate::redis::pool::{Waiter, WorkerPool};
+
+/// How often expired reservations are looked for: a reservation's units go back at most this
+/// long after its end.
+const SWEEP_MS: u64 = 100;
+
+/// The worker's sweep timer, for the configuration it serves.
+struct Sweep {
+    ev: ngx_event_t,
+    mcf: *const MainConf,
+}
+
+static mut SWEEP: Option<Sweep> = None;
+
+/// Starts the sweep timer if it is not running: a reservation was just granted, a key's
+/// demand is being counted, or a slot was taken.
+pub fn arm(mcf: &MainConf) {
+    // SAFETY: a worker is one thread; the event is this module's own and `SWEEP` lives as long
+    // as the process. The configuration outlives the worker's use of it.
+    unsafe {
+        let sweep = &mut *ptr::addr_of_mut!(SWEEP);
+        let s = sweep.get_or_insert_with(|| Sweep { ev: core::mem::zeroed(), mcf });
+        s.mcf = mcf;
+        if s.ev.timer_set() == 0 {
+            s.ev.handler = Some(on_sweep);
+            s.ev.log = (*ngx_cycle).log;
+            s.ev.data = ptr::null_mut();
+            // Not cancelable: a graceful exit waits for the tick that gives everything back.
+            s.ev.set_cancelable(0);
+            ngx_add_timer(&mut s.ev, SWEEP_MS as _);
+        }
+    }
+}
+
+unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
+    let Some(s) = (*ptr::addr_of_mut!(SWEEP)).as_mut() else { return };
+    let mcf = &*s.mcf;
+    let now = ngx_current_msec as u64;
+    let back = mcf.leases.borrow_mut().as_mut().map(|leases| {
+        if ngx_exiting != 0 {
+            return leases.drain();
+        }
+        // Reservations whose key's tracking was lost are checked once it can be had again.
+        if let Some(pool) = mcf.pool() {
+            leases.verify_unverified(now, |key| pool.track(&[key]));
+        }
+        leases.sweep(now, mcf.redis.as_ref().map_or(0, |r| r.timeout as u64))
+    });
+    send(mcf, back.into_iter().flatten());
+    renew(mcf, now);
+    if ngx_exiting != 0 {
+        // The orphans' releases just sent are their last: a worker on its way out waits for
+        // its requests, not for decisions that may never run (their slots would lapse).
+        if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+            slots.forget_orphans();
+        }
+    }
+    let held = mcf.leases.borrow().as_ref().is_some_and(|l| !l.is_empty());
+    // Slots are renewed while their requests run, through a graceful shutdown or a reload too:
+    // those requests keep the worker anyway.
+    let slots = mcf.slots.borrow().as_ref().is_some_and(|s| s.renewing_any());
+    if (held && ngx_exiting == 0) || slots {
+        ngx_add_timer(&mut s.ev, SWEEP_MS as _);
+    }
+}
+
+/// Sends a renewal for every slot due and a release for every orphan: decisions of their own,
+/// queued in this one tick, so that the pool writes them together.
+fn renew(mcf: &MainConf, now: u64) {
+    let due: Vec<(What, EncodedArgs)> = {
+        let mut slots = mcf.slots.borrow_mut();
+        let Some(slots) = slots.as_mut() else { return };
+        let mut due = Vec::new();
+        for id in slots.due(now) {
+            if let Some(h) = slots.get(id) {
+                let args = EncodedArgs::slot_op(SlotOp::Renew, &h.slot_ref());
+                due.push((What::Renew { zone: h.zone, id }, args));
+            }
+        }
+        let mut lapsed = Vec::new();
+        for id in slots.orphans_due(now, &mut lapsed) {
+            if let Some(h) = slots.orphan_slot(id) {
+                let args = EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref());
+                due.push((What::Orphan { id }, args));
+            }
+        }
+        let metrics = mcf.metrics.get();
+        lapsed.into_iter().for_each(|zone| metrics.slot(zone, SlotEvent::Lapsed));
+        due
+    };
+    for (what, args) in due {
+        if let Err(what) = submit_one(mcf, what, args) {
+            // Not even queued (Redis known down): tried again at the next tick.
+            answered(mcf, &what, None);
+        }
+    }
+}
+
+/// Notes the members of a decision Redis may run after its request stopped waiting for it,
+/// for the sweep to release: `slots` as the decision named them.
+pub fn orphan<'a>(mcf: &MainConf, slots: impl Iterator<Item = (usize, SlotRef<'a>)>, now: u64) {
+    let mut any = false;
+    {
+        let mut table = mcf.slots.borrow_mut();
+        let table = table.get_or_insert_with(Slots::new);
+        for (zone, slot) in slots {
+            any |= table.orphan(zone, slot, now);
+        }
+    }
+    if any {
+        arm(mcf);
+    }
+}
+
+/// Releases the slot `id` of a request that ended, at once; the reply is waited for by no one.
+/// A release that fails is sent again by the sweep until Redis answers, for one slot life at
+/// most (by then the slot has lapsed in Redis).
+pub fn release(mcf: &MainConf, id: u64) {
+    let sent = {
+        let mut slots = mcf.slots.borrow_mut();
+        let Some(slots) = slots.as_mut() else { return };
+        // SAFETY: the worker's cached clock, read on its only thread.
+        let Some(orphan) = slots.release(id, unsafe { ngx_current_msec } as u64) else { return };
+        slots
+            .orphan_slot(orphan)
+            .map(|h| (orphan, EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref())))
+    };
+    let Some((orphan, args)) = sent else { return };
+    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, args) {
+        answered(mcf, &what, None);
+    }
+    arm(mcf);
+}
+
+std::thread_local! {
+    /// Give-backs on their way, for `exit`: a worker stopped at once (`nginx -s stop`) does not
+    /// wait for their replies. A worker is one thread.
+    /// A set: a tick of thousands of orphans' releases finishes each one at its reply.
+    static IN_FLIGHT: core::cell::RefCell<std::collections::HashSet<NonNull<Returning>>> =
+        core::cell::RefCell::new(std::collections::HashSet::new());
+}
+
+/// At worker exit, after the pool has closed its connections: frees the give-backs still on
+/// their way (their events are never run again).
+pub fn exit() {
+    for r in IN_FLIGHT.with(|f| core::mem::take(&mut *f.borrow_mut())) {
+        // SAFETY: registered by `send`, not freed yet (`finish` unregisters), and nothing runs
+        // its event any more.
+        drop(unsafe { Box::from_raw(r.as_ptr()) });
+    }
+}
+
+/// What a decision sent without a request does.
+enum What {
+    /// Returns a reservation's unspent units.
+    Units { zone: usize, units: u64 },
+    /// Asks whether a reservation of `key` is still of the key's life.
+    Check { check: Check, key: Box<[u8]> },
+    /// Renews the slot `id` of this worker's table.
+    Renew { zone: usize, id: u64 },
+    /// Releases the orphan `id`: a slot a late decision may have granted.
+    Orphan { id: u64 },
+}
+
+/// One give-back, release or renewal on its way.
+struct Returning {
+    what: What,
+    waiter: Waiter,
+    ev: ngx_event_t,
+    args: EncodedArgs,
+    retries: Retries,
+    mcf: *const MainConf,
+}
+
+/// Sends each give-back as a decision of its own; replies are not waited for by anyone.
+pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
+    for mut g in back {
+        let zone = &mcf.zones[g.zone];
+        // A calendar quota's window field is its period, as in its decisions.
+        g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
+        let args = EncodedArgs::give_back(&g, zone.algorithm);
+        // Refused at once (Redis known down): the units lapse, as the guarantee allows.
+        let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, args);
+    }
+}
+
+/// Sends the check of a reservation of `key` after Redis said the key changed; an answer that
+/// cannot be had leaves the reservation unspent until it expires.
+pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
+    let args = EncodedArgs::check(key, c.rid);
+    if let Err(what) = submit_one(mcf, What::Check { check: c, key: key.into() }, args) {
+        answered(mcf, &what, None);
+    }
+}
+
+/// Queues one decision sent without a request; gives `what` back if the pool refused it at once.
+fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> Result<(), What> {
+    let Some(redis) = mcf.redis.as_ref() else { return Err(what) };
+    let r = Box::into_raw(Box::new(Returning {
+        what,
+        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+        // SAFETY: all-zero is an idle event.
+        ev: unsafe { core::mem::zeroed() },
+        args,
+        retries: Retries::default(),
+        mcf,
+    }));
+    // SAFETY: `r` is this function's until handed to the event loop below; it is freed once, by
+    // `finish`, after which neither the pool nor a timer holds it.
+    unsafe {
+        let ret = &mut *r;
+        ret.waiter.ev = &mut ret.ev;
+        ret.ev.handler = Some(on_reply);
+        ret.ev.data = r as *mut c_void;
+        ret.ev.log = (*ngx_cycle).log;
+        if !submit(mcf.pool(), &mut ret.waiter, ret.args.call()) {
+            return Err(Box::from_raw(r).what);
+        }
+        ngx_add_timer(&mut ret.ev, redis.timeout);
+        IN_FLIGHT.with(|f| f.borrow_mut().insert(NonNull::new_unchecked(r)));
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
+    let r = (*ev).data as *mut Returning;
+    let ret = &mut *r;
+    let mcf = &*ret.mcf;
+    if (*ev).timedout() != 0 {
+        if let Some(token) = ret.waiter.token.take() {
+            WorkerPool::cancel(token);
+        }
+        answered(mcf, &ret.what, None);
+        return finish(NonNull::new_unchecked(r));
+    }
+    if ret.waiter.result.is_none() {
+        return;
+    }
+    // NOSCRIPT after a Redis restart, a Cluster redirection: sent again within the deadline.
+    if let Follow::Resent = follow(mcf.pool(), &mut ret.waiter, ret.args.call(), &mut ret.retries) {
+        return;
+    }
+    answered(mcf, &ret.what, ret.waiter.result.as_ref());
+    finish(NonNull::new_unchecked(r));
+}
+
+/// Counts what Redis answered (`None`: nothing in time) and tells the slot table of renewals.
+fn answered(
+    mcf: &MainConf,
+    what: &What,
+    result: Option<&Result<Reply, crate::redis::pool::RedisError>>,
+) {
+    let reply = match result {
+        Some(Ok(reply @ Reply::Array(_))) => Some(reply),
+        _ => None,
+    };
+    let metrics = mcf.metrics.get();
+    // SAFETY: the worker's cached clock, read on its only thread.
+    let now = unsafe { ngx_current_msec } as u64;
+    match *what {
+        What::Units { zone, units } => {
+            // A give-back answers 1 in its reset field when its reservation was of the key's
+            // life; otherwise a reset took the units already.
+            if reply
+                .map(|r| script::decode_decision(r, 1))
+                .is_some_and(|d| d.is_ok_and(|d| d.zones[0].reset_ms == 1))
+            {
+                metrics.lease(zone, LeaseEvent::Returned, units);
+            }
+        }
+        What::Check { check, ref key } => {
+            let present = match reply.map(|r| script::decode_decision(r, 1)) {
+                Some(Ok(d)) => Some(d.zones[0].remaining == 1),
+                _ => None,
+            };
+            let mut leases = mcf.leases.borrow_mut();
+            let Some(leases) = leases.as_mut() else { return };
+            // A change heard while the check was on its way: checked again, starting with the
+            // key's tracking; where that cannot be had, the reservation goes.
+            if leases.checked(key, check, present, now)
+                && !mcf.pool().is_some_and(|p| p.track(&[key]))
+            {
+                leases.revoke(mcf.zones.len(), key);
+            }
+        }
+        What::Renew { zone, id } => {
+            let answer = match reply.map(|r| script::decode_decision(r, 1)) {
+                Some(Ok(d)) if d.allowed => Renewal::Kept,
+                Some(Ok(_)) => Renewal::WrittenBack,
+                // Redis failed or refused: the next tick tries again, before the slot lapses.
+                _ => Renewal::Failed,
+            };
+            let found_gone = mcf
+                .slots
+                .borrow_mut()
+                .as_mut()
+                .is_some_and(|s| s.renewal_answered(id, answer, now));
+            if answer != Renewal::Failed {
+                metrics.slot(zone, SlotEvent::Renewed);
+            }
+            if found_gone {
+                metrics.slot(zone, SlotEvent::Lapsed);
+            }
+        }
+        What::Orphan { id } => {
+            let answer = match reply.map(|r| script::decode_decision(r, 1)) {
+                // A release answers 1 in its reset field when the member was there.
+                Some(Ok(d)) if d.zones[0].reset_ms == 1 => Release::Removed,
+                Some(Ok(_)) => Release::NotThere,
+                _ => Release::Failed,
+            };
+            let released =
+                mcf.slots.borrow_mut().as_mut().and_then(|s| s.orphan_answered(id, answer, now));
+            if let Some(zone) = released {
+                metrics.slot(zone, SlotEvent::Released);
+            }
+        }
+    }
+}
+
+/// Frees a give-back that nothing holds any more.
+unsafe fn finish(r: NonNull<Returning>) {
+    let ret = &mut *r.as_ptr();
+    if ret.ev.timer_set() != 0 {
+        ngx_del_timer(&mut ret.ev);
+    }
+    if ret.ev.posted() != 0 {
+        ngx_delete_posted_event(&mut ret.ev);
+    }
+    IN_FLIGHT.with(|f| f.borrow_mut().remove(&r));
+    drop(Box::from_raw(r.as_ptr()));
+}

@@ -1,0 +1,163 @@
+//! When Redis cannot decide: the location's `ratelimit_fail` policy, the local fallback's
+//! decision from this worker's memory (`ratelimit_fail local`), and the failure's log line, at
+//! most once a second per kind.
+
+use core::ptr;
+
+use ngx::ffi::{ngx_current_msec, NGX_LOG_ERR};
+use ngx::ngx_log_error;
+
+use crate::decide::local_limit::{LocalLimiter, LocalZone};
+use crate::decide::log_throttle::LogThrottle;
+use crate::decide::script::ReplyError;
+use crate::decide::slots::{local_decision, LocalPart, Slots};
+use crate::decide::status::Status;
+use crate::glue::conf::{worker_processes, FailPolicy, LocConf, MainConf};
+use crate::redis::pool::RedisError;
+
+use super::{record, Ctx, ZoneReq};
+
+/// Applies the fail policy; the reason is logged at most once a second per worker.
+pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
+    let mut no_room = false;
+    ctx.status = match lcf.fail() {
+        FailPolicy::Open => Status::FailedOpen,
+        FailPolicy::Closed => Status::FailedClosed,
+        // A bad limit or cost leaves nothing to enforce locally: closed, never unlimited.
+        FailPolicy::Local if matches!(failure, Failure::BadValue(..)) => Status::FailedClosed,
+        // A key that cannot be counted is refused: admitting it would leave it unlimited.
+        FailPolicy::Local => decide_locally(ctx, lcf, mcf).unwrap_or_else(|| {
+            no_room = true;
+            Status::FailedClosed
+        }),
+    };
+    // Bad variable values (per figure and zone) and a full local table have their own
+    // throttles: an outage must not hide them, nor they it, nor one bad figure another.
+    let now = ngx_current_msec as u64;
+    let logged = match failure {
+        Failure::BadValue(what, zone, ..) => {
+            (*ptr::addr_of_mut!(BAD_VALUE_LOG)).allow((what, zone), now)
+        }
+        _ if no_room => (*ptr::addr_of_mut!(NO_ROOM_LOG)).allow((), now),
+        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow((), now),
+    };
+    if logged {
+        let outcome = match ctx.status {
+            _ if no_room => {
+                "rejected by ratelimit_fail local: no room for a new key in \
+                 ratelimit_fail_local_size"
+            }
+            Status::FailedOpen => "passed by ratelimit_fail",
+            Status::FailedClosed => "rejected by ratelimit_fail",
+            _ => "decided by this worker alone by ratelimit_fail",
+        };
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            (*(*ctx.r).connection).log,
+            "ratelimit: {failure}, request {outcome}"
+        );
+    }
+}
+
+/// `ratelimit_fail local`: this worker's share of each zone, from its own memory: a rate zone's
+/// from the local limiter's counters, a concurrency zone's from this worker's requests in flight
+/// (a request rejected by one holds nothing and is charged nothing in the others, as with Redis).
+/// The share becomes the zones' limit for this request, so headers and variables report what
+/// was enforced. `None` when a key is new and the table is full of counters that still count.
+unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option<Status> {
+    let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
+    for z in &mut ctx.zones {
+        z.limit = (z.limit / share).max(1);
+    }
+    let conc = |z: &ZoneReq| mcf.zones[z.zone].concurrency();
+    let keys: Vec<Vec<u8>> = ctx.zones.iter().map(|z| z.key.parts().concat()).collect();
+    let mut slots = mcf.slots.borrow_mut();
+    let slots = slots.get_or_insert_with(Slots::new);
+    let parts: Vec<LocalPart> = ctx
+        .zones
+        .iter()
+        .zip(&keys)
+        .map(|(z, key)| match conc(z) {
+            true => LocalPart::Concurrency {
+                in_flight: slots.local_in_flight(z.zone, key),
+                limit: z.limit,
+            },
+            false => LocalPart::Rate { limit: z.limit },
+        })
+        .collect();
+    let room = parts.iter().all(|p| match *p {
+        LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
+        LocalPart::Rate { .. } => true,
+    });
+    let rates: Vec<LocalZone<'_>> = ctx
+        .zones
+        .iter()
+        .filter(|z| !conc(z))
+        .map(|z| LocalZone {
+            zone: z.zone,
+            key: z.value(),
+            limit: z.limit,
+            window_ms: z.window_ms,
+            cost: z.cost,
+        })
+        .collect();
+    let rate = match room && !rates.is_empty() {
+        true => {
+            let mut local = mcf.local.borrow_mut();
+            let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
+            Some(local.decide(&rates, ngx_current_msec as u64)?)
+        }
+        false => None,
+    };
+    let d = local_decision(&parts, rate.as_ref());
+    if d.allowed {
+        for (z, key) in ctx.zones.iter().zip(keys).filter(|(z, _)| conc(z)) {
+            slots.local_take(z.zone, &key);
+            ctx.local_slots.push((z.zone, key));
+        }
+    }
+    record(ctx, &d);
+    Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
+}
+
+/// Why a decision failed; formatted only when it is logged, not once per request of an outage.
+pub(super) enum Failure {
+    Redis(RedisError),
+    Reply(ReplyError),
+    /// A limit, window or cost variable whose value is not a valid number: (what, zone index,
+    /// zone name, value).
+    BadValue(&'static str, usize, String, String),
+    /// One of these keys holds data that is not ours.
+    WrongType(String),
+    /// The keys of these zones are in different Cluster slots.
+    CrossSlot(String),
+}
+
+impl core::fmt::Display for Failure {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Failure::Redis(e) => write!(f, "redis {e}"),
+            Failure::Reply(ReplyError::NoScript) => f.write_str("redis replied NOSCRIPT twice"),
+            Failure::Reply(ReplyError::Redis(msg)) => write!(f, "redis replied \"{msg}\""),
+            Failure::Reply(ReplyError::Unexpected) => {
+                f.write_str("unexpected reply from the script")
+            }
+            Failure::WrongType(keys) => {
+                write!(f, "redis replied WRONGTYPE: one of the keys {keys} holds other data")
+            }
+            Failure::CrossSlot(zones) => write!(
+                f,
+                "the keys of zones {zones} are in different redis cluster slots; give them a \
+                 common hash tag"
+            ),
+            Failure::BadValue(what, _, zone, value) => {
+                write!(f, "invalid {what} \"{}\" for zone \"{zone}\"", value.escape_debug())
+            }
+        }
+    }
+}
+
+/// Failure lines at most once a second per worker (and per figure and zone for bad values).
+static mut FAILURE_LOG: LogThrottle<()> = LogThrottle::new();
+static mut BAD_VALUE_LOG: LogThrottle<(&'static str, usize)> = LogThrottle::new();
+static mut NO_ROOM_LOG: LogThrottle<()> = LogThrottle::new();

@@ -1,0 +1,540 @@
+//! The access-phase handler: one Redis script call per main request, suspended without holding
+//! the worker, resumed by a posted event, and decided once even across internal redirects.
+//! Here: the request's context and its life (start, wake-up, cleanup) and the reading of Redis's
+//! answer; what the worker remembers between requests is [`memory`], a failure's handling
+//! [`fail`], and the answer handed back to nginx [`respond`].
+
+use core::ffi::c_void;
+use core::ptr::{self, NonNull};
+
+use ngx::core::Pool;
+use ngx::ffi::{
+    ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
+    ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t, ngx_http_request_t,
+    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_int_t, ngx_msec_t,
+    ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
+use ngx::ngx_log_error;
+
+use crate::decide::headers;
+use crate::decide::key::{cluster_value, Key, Piece};
+use crate::decide::lease::{Ask, Figures};
+use crate::decide::params::{parse_cost, parse_limit, parse_window};
+use crate::decide::quota::Period;
+use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
+use crate::decide::status::Status;
+use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
+use crate::glue::giveback;
+use crate::glue::module::RateLimit;
+use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key};
+use crate::redis::conf::RedisConf;
+use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
+use crate::redis::pool::{RedisError, Waiter, WorkerPool};
+
+mod fail;
+mod memory;
+mod respond;
+
+use fail::{fail, Failure};
+use memory::{
+    admitted_from_reservations, answered, hear_changes, keep_reservations, rejected_from_memory,
+    release_slots, remember_rejection, take_slots,
+};
+use respond::apply;
+
+/// Per main request, in its pool. Found again after an internal redirect through the pool's
+/// cleanup list, because redirects wipe `r->ctx`.
+pub struct Ctx {
+    r: *mut ngx_http_request_t,
+    pub status: Status,
+    /// Set once the decision has been returned to the phase engine; later passes (internal
+    /// redirects) let the request through untouched, as limit_req does.
+    applied: bool,
+    waiter: Waiter,
+    /// Fires on completion (posted) or at the decision's deadline (timer).
+    ev: ngx_event_t,
+    args: EncodedArgs,
+    retries: Retries,
+    /// When the decision was asked for: a rejection is remembered from then, so the memory
+    /// never outlasts what Redis said.
+    started: ngx_msec_t,
+    /// The same instant on the wall clock, in ms: `$ratelimit_time`.
+    pub asked_ms: u64,
+    /// The zones that decide this request, in script order.
+    zones: Vec<ZoneReq>,
+    /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
+    pub quota: Option<(usize, u64, u64)>,
+    /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
+    /// wait admits it, so no header may suggest one.
+    beyond_capacity: bool,
+    /// The concurrency slots the request holds (ids in the worker's `Slots`), one per
+    /// concurrency zone, released by `cleanup` when the request ends.
+    slots: Vec<u64>,
+    /// `ratelimit_fail local`: the (zone, whole key) of each concurrency zone this worker
+    /// admitted the request in by itself, released by `cleanup` too.
+    local_slots: Vec<(usize, Vec<u8>)>,
+    /// The configuration that took them, for `cleanup`: it outlives the request.
+    mcf: *const MainConf,
+}
+
+/// One zone as this request sees it: limit, window and cost may come from variables.
+pub struct ZoneReq {
+    /// Index into the main conf's zones.
+    pub zone: usize,
+    /// Borrows the configuration and the request's pool, which both outlive the context.
+    key: Key<'static>,
+    pub limit: u64,
+    pub window_ms: u64,
+    cost: u64,
+    /// `member=request_id`: `$request_id`, in the request's pool.
+    member: Option<&'static [u8]>,
+    /// `lease=`: the units to reserve with this request's decision, and their life in ms.
+    lease: Option<(u64, u64)>,
+}
+
+impl ZoneReq {
+    fn value(&self) -> &[u8] {
+        self.key.value()
+    }
+
+    /// The key as the deny cache knows it, the whole Redis key as Redis names it in its
+    /// invalidations: short values only.
+    fn cached_key(&self) -> Option<[&[u8]; 4]> {
+        Some(self.key.parts()).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
+    }
+
+    fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
+        let (limit, cost) = (self.limit, self.cost);
+        let window_ms = zone.period.map_or(self.window_ms, Period::encode);
+        ZoneArgs {
+            key: self.key,
+            algorithm: zone.algorithm,
+            limit,
+            window_ms,
+            cost,
+            burst: zone.burst,
+            member: self.member,
+            lease: self.lease,
+        }
+    }
+
+    /// A concurrency zone's slot as its release or renewal names it; `key` is the whole key.
+    fn slot<'a>(&'a self, key: &'a [u8]) -> Option<SlotRef<'a>> {
+        let member = self.member?;
+        Some(SlotRef { key, limit: self.limit, life_ms: self.window_ms, member })
+    }
+
+    fn ask(&self) -> Ask<'_> {
+        let figures = Figures { limit: self.limit, window_ms: self.window_ms };
+        Ask { zone: self.zone, key: self.key.parts(), cost: self.cost, figures }
+    }
+}
+
+/// Longer keys are always asked of Redis, so the deny cache stays small whatever clients send.
+const DENY_CACHE_MAX_KEY: usize = 256;
+
+pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    if r != (*r).main {
+        return NGX_DECLINED as ngx_int_t;
+    }
+    let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
+        return NGX_DECLINED as ngx_int_t;
+    };
+    if lcf.limits().is_empty() {
+        return NGX_DECLINED as ngx_int_t;
+    }
+    if let Some(ctx) = find_ctx(r) {
+        let ctx = &mut *ctx.as_ptr();
+        return match (ctx.applied, ctx.status) {
+            (true, _) => NGX_DECLINED as ngx_int_t,
+            // A spurious run of the phase engine while Redis has not answered.
+            (false, Status::Pending) => NGX_AGAIN as ngx_int_t,
+            (false, _) => apply(ctx, lcf, mcf),
+        };
+    }
+    start(r, lcf, mcf)
+}
+
+unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
+    let Some(ctx) = new_ctx(r) else { return NGX_ERROR as ngx_int_t };
+    let ctx = &mut *ctx.as_ptr();
+    let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
+    ctx.started = ngx_current_msec;
+    ctx.asked_ms = wall_ms();
+
+    for limit in lcf.limits() {
+        let zone = &mcf.zones[limit.zone];
+        let Some(value) = eval(r, zone.key) else { return NGX_ERROR as ngx_int_t };
+        // An empty key is not limited, as in limit_req.
+        if value.len == 0 {
+            continue;
+        }
+        // The logs keep an entry per unit: their limit, and so any cost, is bounded.
+        let max = zone.algorithm.max_limit();
+        let figures = (
+            param(r, zone.limit, |v| parse_limit(v).filter(|&n| n <= max), "limit"),
+            param(r, zone.window, parse_window, "window"),
+            param(r, limit.cost, parse_cost, "cost"),
+        );
+        let (limit_n, window_ms, cost) = match figures {
+            (Ok(l), Ok(w), Ok(c)) => (l, zone.period.map_or(w, |p| p.length_ms(wall_ms())), c),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                let Some((what, value)) = e else { return NGX_ERROR as ngx_int_t };
+                let bad = Failure::BadValue(what, limit.zone, zone.name.clone(), value);
+                fail(ctx, lcf, mcf, bad);
+                // Not among the request's zones yet (`apply` counts those): the one that failed.
+                mcf.metrics.get().request(ctx.status, core::iter::once((limit.zone, 0)));
+                return apply(ctx, lcf, mcf);
+            }
+        };
+        // SAFETY: the value lives in the request's pool, as the context that keeps the key does.
+        let mut value = core::slice::from_raw_parts(value.data, value.len);
+        if redis.cluster && !zone.exact_key {
+            let Some(v) = cluster_key_value(r, zone, value) else { return NGX_ERROR as ngx_int_t };
+            value = v;
+        }
+        let Some(key) = zone_key(r, redis, zone, value) else { return NGX_ERROR as ngx_int_t };
+        let member = match zone.member {
+            // SAFETY: the value lives in the request's pool, as the context does.
+            Some(cv) => match eval(r, cv) {
+                Some(id) => Some(core::slice::from_raw_parts(id.data, id.len)),
+                None => return NGX_ERROR as ngx_int_t,
+            },
+            None => None,
+        };
+        let z =
+            ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member, lease: None };
+        ctx.zones.push(z);
+        let capacity = zone.algorithm.capacity(limit_n, zone.burst);
+        if cost > capacity {
+            let outcome = if lcf.dry_run() { "let through, dry run" } else { "rejected" };
+            ngx_log_error!(
+                lcf.log_level(),
+                (*(*r).connection).log,
+                "ratelimit: cost {cost} exceeds the {capacity} units zone \"{}\" can ever grant, \
+                 request {outcome}",
+                zone.name
+            );
+            // A rejection by this zone, for the access log and the metrics, like any other.
+            ctx.status = Status::Rejected;
+            ctx.quota = Some((ctx.zones.len() - 1, 0, 0));
+            ctx.beyond_capacity = true;
+            return apply(ctx, lcf, mcf);
+        }
+    }
+    if ctx.zones.is_empty() {
+        ctx.status = Status::Skipped;
+        ctx.applied = true;
+        return NGX_DECLINED as ngx_int_t;
+    }
+    // What Redis said changed since the last request, heard first.
+    hear_changes(mcf);
+    // A dry run asks Redis every time, so what it reports is what Redis would decide now.
+    if lcf.deny_cache() && !lcf.dry_run() && rejected_from_memory(ctx, mcf) {
+        return apply(ctx, lcf, mcf);
+    }
+    let leasing = !lcf.dry_run() && ctx.zones.iter().any(|z| mcf.zones[z.zone].lease.is_some());
+    if leasing && admitted_from_reservations(ctx, mcf) {
+        return apply(ctx, lcf, mcf);
+    }
+
+    // One clock per decision: the gateway's only when every zone asks for it.
+    let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
+    ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
+
+    if redis.cluster && ctx.args.call().slot().is_none() {
+        // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
+        let zones = ctx.zones.iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
+        fail(ctx, lcf, mcf, Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
+        return apply(ctx, lcf, mcf);
+    }
+    if !submit(mcf.pool(), &mut ctx.waiter, ctx.args.call()) {
+        decide(ctx, lcf, mcf);
+        return apply(ctx, lcf, mcf);
+    }
+    ngx_add_timer(&mut ctx.ev, redis.timeout);
+    // Notice a client that goes away while it waits (499), as limit_req's delay does.
+    (*r).read_event_handler = Some(ngx_http_test_reading);
+    NGX_AGAIN as ngx_int_t
+}
+
+/// A key value for Redis Cluster, in the request's pool: only the braces of the configuration
+/// make a hash tag (`crate::decide::key::cluster_value`). `whole` is the template evaluated at once.
+unsafe fn cluster_key_value(
+    r: *mut ngx_http_request_t,
+    zone: &Zone,
+    whole: &'static [u8],
+) -> Option<&'static [u8]> {
+    let bytes = if zone.key_pieces.is_empty() {
+        if !whole.iter().any(|&b| matches!(b, b'{' | b'}' | b'%')) {
+            return Some(whole);
+        }
+        cluster_value(core::iter::once(Piece::Text(whole)))
+    } else {
+        let mut pieces = Vec::with_capacity(zone.key_pieces.len());
+        for piece in &zone.key_pieces {
+            pieces.push(match *piece {
+                KeyPiece::Brace(b) => Piece::Brace(b),
+                KeyPiece::Value(cv) => {
+                    let v = eval(r, cv)?;
+                    // SAFETY: evaluated into the request's pool, which outlives this call.
+                    Piece::Text(if v.len == 0 {
+                        &[]
+                    } else {
+                        core::slice::from_raw_parts(v.data, v.len)
+                    })
+                }
+            });
+        }
+        cluster_value(pieces.into_iter())
+    };
+    pool_copy(r, &bytes)
+}
+
+/// A zone figure for this request. A variable whose value does not parse is an error naming
+/// the figure and the value, never a silent default; `Err(None)` is nginx failing to evaluate.
+unsafe fn param(
+    r: *mut ngx_http_request_t,
+    p: Param,
+    parse: impl Fn(&str) -> Option<u64>,
+    what: &'static str,
+) -> Result<u64, Option<(&'static str, String)>> {
+    let cv = match p {
+        Param::Fixed(n) => return Ok(n),
+        Param::Var(cv) => cv,
+    };
+    let value = eval(r, cv).ok_or(None)?;
+    let bytes = value.as_bytes();
+    core::str::from_utf8(bytes)
+        .ok()
+        .and_then(parse)
+        .ok_or_else(|| Some((what, String::from_utf8_lossy(bytes).into_owned())))
+}
+
+unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
+    let pool = Pool::from_ngx_pool((*r).pool);
+    let ctx = NonNull::new(pool.allocate(Ctx {
+        r,
+        status: Status::Pending,
+        applied: false,
+        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+        ev: core::mem::zeroed(),
+        args: EncodedArgs::default(),
+        retries: Retries::default(),
+        started: 0,
+        asked_ms: 0,
+        zones: Vec::new(),
+        beyond_capacity: false,
+        quota: None,
+        slots: Vec::new(),
+        local_slots: Vec::new(),
+        mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
+    }))?;
+    // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
+    // the pool's runs again (harmlessly) after the access log and anchors the context for
+    // `find_ctx`: `ngx_http_free_request` empties `r->cleanup` before the log phase.
+    let cln = ngx_http_cleanup_add(r, 0);
+    let anchor = ngx_pool_cleanup_add((*r).pool, 0);
+    if cln.is_null() || anchor.is_null() {
+        return None;
+    }
+    (*cln).handler = Some(cleanup);
+    (*cln).data = ctx.as_ptr() as *mut c_void;
+    (*anchor).handler = Some(cleanup);
+    (*anchor).data = ctx.as_ptr() as *mut c_void;
+    let c = &mut *ctx.as_ptr();
+    attach(&mut c.waiter, &mut c.ev, on_event, r);
+    *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
+    Some(ctx)
+}
+
+/// The main request's context, also after an internal redirect has cleared `r->ctx`.
+pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
+    let r = (*r).main;
+    let slot = (*r).ctx.add(RateLimit::module().ctx_index);
+    if let Some(ctx) = NonNull::new(*slot as *mut Ctx) {
+        return Some(ctx);
+    }
+    let mut cln = (*(*r).pool).cleanup;
+    while !cln.is_null() {
+        // Both sides name the same function of this crate, taken in this file.
+        if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, cleanup as unsafe extern "C" fn(_))) {
+            *slot = (*cln).data;
+            return NonNull::new((*cln).data as *mut Ctx);
+        }
+        cln = (*cln).next;
+    }
+    None
+}
+
+/// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
+/// once and releases the request's concurrency slots. `ngx_http_free_request` runs it for every
+/// main request, aborted ones and reset HTTP/2 streams included, just before the access log
+/// (after a lingering close, if there is one). The context itself stays readable for the
+/// access log. Idempotent: it runs twice.
+unsafe extern "C" fn cleanup(data: *mut c_void) {
+    let ctx = &mut *(data as *mut Ctx);
+    if let Some(token) = ctx.waiter.token.take() {
+        // On the wire already: Redis may grant its slots to no one.
+        if WorkerPool::cancel(token) {
+            orphan_slots(ctx);
+        }
+    } else if ctx.status == Status::Pending && ctx.waiter.result.take().is_some() {
+        // Answered, the answer not read yet (its event still posted): it may grant slots.
+        orphan_slots(ctx);
+    }
+    detach(&mut ctx.waiter, &mut ctx.ev);
+    release_slots(ctx);
+}
+
+/// The request stops waiting for a decision Redis may still run (its client went away, its
+/// deadline passed, its connection was lost): a slot that decision grants is released by the
+/// sweep, instead of lapsing unrenewed.
+unsafe fn orphan_slots(ctx: &Ctx) {
+    // SAFETY: the request's configuration outlives it (null only if it had none).
+    let Some(mcf) = ctx.mcf.as_ref() else { return };
+    let zones: Vec<&ZoneReq> =
+        ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()).collect();
+    let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
+    let slots = zones.iter().zip(&keys).filter_map(|(z, key)| Some((z.zone, z.slot(key)?)));
+    giveback::orphan(mcf, slots, ngx_current_msec as u64);
+}
+
+/// Completion or deadline of a pending decision.
+unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
+    let ctx = &mut *ngx::ngx_container_of!(ev, Ctx, ev);
+    let r = ctx.r;
+    let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
+        return;
+    };
+    let redis = mcf.redis.as_ref().expect("a decision was sent");
+    if (*ev).timedout() != 0 {
+        (*ev).set_timedout(0);
+        if core::mem::take(&mut ctx.retries.waiting) {
+            // TRYAGAIN's pause is over.
+            if let Follow::Resent =
+                again(mcf.pool(), &mut ctx.waiter, ctx.args.call(), &ctx.retries)
+            {
+                ngx_add_timer(ev, time_left(ctx, redis).max(1) as ngx_msec_t);
+                return;
+            }
+        } else if ctx.waiter.result.is_none() || asks_again(&ctx.waiter.result) {
+            // The deadline met no reply, or one that would need another round trip (the two
+            // can arrive in one event-loop iteration): either way the time is up.
+            if let Some(token) = ctx.waiter.token.take() {
+                WorkerPool::timed_out(token);
+            }
+            ctx.waiter.result = Some(Err(RedisError::Timeout));
+        }
+    }
+    if ctx.waiter.result.is_none() {
+        return;
+    }
+    match follow(mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries) {
+        Follow::Resent => return,
+        Follow::Later => {
+            if time_left(ctx, redis) > TRYAGAIN_DELAY as ngx_msec_int_t {
+                ctx.retries.waiting = true;
+                if ctx.ev.posted() != 0 {
+                    ngx_delete_posted_event(&mut ctx.ev);
+                }
+                // nginx keeps an armed timer that is within 300 ms of the new one.
+                ngx_del_timer(&mut ctx.ev);
+                ngx_add_timer(&mut ctx.ev, TRYAGAIN_DELAY);
+                return;
+            }
+        }
+        Follow::No => {}
+    }
+    // The reply and the deadline can arrive in the same event-loop iteration.
+    if ctx.ev.timer_set() != 0 {
+        ngx_del_timer(&mut ctx.ev);
+    }
+    if ctx.ev.posted() != 0 {
+        ngx_delete_posted_event(&mut ctx.ev);
+    }
+    decide(ctx, lcf, mcf);
+
+    let c = (*r).connection;
+    let log_ctx = (*(*c).log).data as *mut ngx_http_log_ctx_t;
+    (*log_ctx).current_request = r;
+    (*r).read_event_handler = Some(ngx_http_block_reading);
+    if let Some(run_phases) = (*r).write_event_handler {
+        run_phases(r);
+    }
+    // `r` may be freed by now; only the connection is used.
+    ngx_http_run_posted_requests(c);
+}
+
+/// What is left of the decision's `timeout`.
+unsafe fn time_left(ctx: &Ctx, redis: &RedisConf) -> ngx_msec_int_t {
+    let due = ctx.started.wrapping_add(redis.timeout);
+    due.wrapping_sub(ngx_current_msec) as ngx_msec_int_t
+}
+
+/// Turns the waiter's result into the request's status.
+unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
+    let Some(result) = ctx.waiter.result.take() else { return };
+    let failure = match result.map(|reply| script::decode_reply(&reply, &ctx.args)) {
+        Ok(Ok(mut d)) => {
+            if ctx.zones.iter().any(|z| z.lease.is_some()) {
+                answered(ctx, mcf);
+            }
+            if !d.allowed && lcf.deny_cache() {
+                remember_rejection(ctx, mcf, &d);
+            }
+            if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
+                keep_reservations(ctx, mcf, &mut d);
+            }
+            if d.allowed {
+                take_slots(ctx, mcf);
+            }
+            return record(ctx, &d);
+        }
+        Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
+            Failure::WrongType(wrong_type_keys(ctx))
+        }
+        Ok(Err(e)) => Failure::Reply(e),
+        Err(e) => {
+            // Lost on the wire or in Redis's hands (a timeout is one): it may still run there.
+            let written = matches!(
+                e,
+                RedisError::Timeout
+                    | RedisError::Closed
+                    | RedisError::Io
+                    | RedisError::Protocol(_)
+                    | RedisError::UnexpectedReply
+            );
+            if written {
+                orphan_slots(ctx);
+            }
+            Failure::Redis(e)
+        }
+    };
+    fail(ctx, lcf, mcf, failure);
+}
+
+/// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
+/// whatever else was stored there.
+fn wrong_type_keys(ctx: &Ctx) -> String {
+    let keys = ctx.zones.iter().map(|z| {
+        let bytes: Vec<u8> = z.key.parts().concat();
+        format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
+    });
+    keys.collect::<Vec<_>>().join(", ")
+}
+
+fn record(ctx: &mut Ctx, d: &Decision) {
+    let i = d.deciding_zone();
+    let z = d.zones[i];
+    ctx.status = if d.allowed { Status::Passed } else { Status::Rejected };
+    ctx.quota = Some((i, z.remaining, z.reset_ms));
+}
+
+/// The deciding zone's name, limit, remaining and reset in seconds, for the variables.
+pub fn quota_figures<'a>(ctx: &Ctx, mcf: &'a MainConf) -> Option<(&'a str, u64, u64, u64)> {
+    let (i, remaining, reset_ms) = ctx.quota?;
+    let z = &ctx.zones[i];
+    Some((&mcf.zones[z.zone].name, z.limit, remaining, headers::ceil_secs(reset_ms)))
+}

@@ -1,0 +1,96 @@
+//! A request's own helpers, shared by the access handler and `ratelimit_admin`: the gateway's
+//! wall clock, complex values and copies in the request's pool, a zone's Redis key for a key
+//! value, and a waiter tied to the request's event, which completion and deadline both post.
+
+use core::ffi::c_void;
+use core::ptr;
+
+use ngx::ffi::{
+    ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_complex_value,
+    ngx_http_complex_value_t, ngx_http_request_t, ngx_pnalloc, ngx_str_t, ngx_timeofday,
+};
+
+use crate::decide::key::{shorten, Key};
+use crate::glue::conf::Zone;
+use crate::redis::conf::RedisConf;
+use crate::redis::pool::{Waiter, WorkerPool};
+
+/// The Redis key of `zone` for the key value a request evaluated (cluster-escaped already), as
+/// the request path and `ratelimit_admin` both build it; a value too long is shortened into the
+/// request's pool.
+pub unsafe fn zone_key(
+    r: *mut ngx_http_request_t,
+    redis: &RedisConf,
+    zone: &Zone,
+    value: &'static [u8],
+) -> Option<Key<'static>> {
+    let value = match shorten(value, &zone.key_text, redis.cluster) {
+        Some(short) => pool_copy(r, &short)?,
+        None => value,
+    };
+    Some(if zone.exact_key {
+        Key::exact(value)
+    } else {
+        // SAFETY: the prefix and the zone name live in the configuration, which outlives the
+        // request.
+        Key::new(
+            &*ptr::from_ref(redis.prefix.as_slice()),
+            &*ptr::from_ref(zone.name.as_bytes()),
+            value,
+        )
+    })
+}
+
+/// `bytes` copied into the request's pool, which outlives everything that keeps them.
+pub unsafe fn pool_copy(r: *mut ngx_http_request_t, bytes: &[u8]) -> Option<&'static [u8]> {
+    let p = ngx_pnalloc((*r).pool, bytes.len().max(1)) as *mut u8;
+    if p.is_null() {
+        return None;
+    }
+    ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+    Some(core::slice::from_raw_parts(p, bytes.len()))
+}
+
+/// The gateway's clock: `clock=nginx`'s now, and the time whose calendar period a quota's
+/// headers describe.
+pub unsafe fn wall_ms() -> u64 {
+    let tp = ngx_timeofday();
+    tp.sec as u64 * 1000 + tp.msec as u64
+}
+
+/// A complex value evaluated into the request's pool.
+pub unsafe fn eval(
+    r: *mut ngx_http_request_t,
+    cv: *mut ngx_http_complex_value_t,
+) -> Option<ngx_str_t> {
+    let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
+    (ngx_http_complex_value(r, cv, &mut value) == 0).then_some(value)
+}
+
+/// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of
+/// request `r`'s decision fires, both running `handler`.
+pub unsafe fn attach(
+    waiter: &mut Waiter,
+    ev: &mut ngx_event_t,
+    handler: unsafe extern "C" fn(*mut ngx_event_t),
+    r: *mut ngx_http_request_t,
+) {
+    waiter.ev = ev;
+    ev.handler = Some(handler);
+    // Timer code logs `ev->data` as a connection; the context is found with container_of.
+    ev.data = (*r).connection as *mut c_void;
+    ev.log = (*(*r).connection).log;
+}
+
+/// Leaves the pool and the event loop: nothing will complete or wake this waiter any more.
+pub unsafe fn detach(waiter: &mut Waiter, ev: &mut ngx_event_t) {
+    if let Some(token) = waiter.token.take() {
+        WorkerPool::cancel(token);
+    }
+    if ev.timer_set() != 0 {
+        ngx_del_timer(ev);
+    }
+    if ev.posted() != 0 {
+        ngx_delete_posted_event(ev);
+    }
+}
