@@ -19,6 +19,8 @@ our @EXPORT_OK = qw(cmdstat_calls metric_value proc_status_kb);
 # `called => 1` says the caller knows it was called, and its absence dies too.
 sub cmdstat_calls {
     my ($info, $cmd, %o) = @_;
+    # INFO names commands in lower case: a name asked in upper case would read 0, never fail.
+    $cmd = lc $cmd;
     die "commandstats: no text (got " . (defined $info ? ref $info : 'undef') . ")\n"
         if !defined $info || ref $info;
     $info =~ /^# Commandstats\r?$/m
