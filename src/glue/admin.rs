@@ -221,7 +221,9 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         return;
     }
     // An operator's write is retried by the operator: no pause for TRYAGAIN.
-    if let Follow::Resent = follow(mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries) {
+    if let Follow::Resent =
+        follow(|| mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries)
+    {
         return;
     }
     detach(&mut ctx.waiter, &mut ctx.ev);

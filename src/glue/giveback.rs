@@ -265,7 +265,9 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
         return;
     }
     // NOSCRIPT after a Redis restart, a Cluster redirection: sent again within the deadline.
-    if let Follow::Resent = follow(mcf.pool(), &mut ret.waiter, ret.args.call(), &mut ret.retries) {
+    if let Follow::Resent =
+        follow(|| mcf.pool(), &mut ret.waiter, ret.args.call(), &mut ret.retries)
+    {
         return;
     }
     answered(mcf, &ret.what, ret.waiter.result.as_ref());

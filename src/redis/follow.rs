@@ -71,22 +71,25 @@ fn detour(result: &Option<Result<Reply, RedisError>>) -> Option<Detour> {
 /// # Safety
 /// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
 /// (they live side by side in the caller's context).
-pub unsafe fn follow(
-    pool: Option<&mut WorkerPool>,
+pub unsafe fn follow<'p>(
+    pool: impl FnOnce() -> Option<&'p mut WorkerPool>,
     waiter: &mut Waiter,
     args: &Args,
     retries: &mut Retries,
 ) -> Follow {
+    // The pool is looked up only for a reply that asks for another call, not for every reply.
     match detour(&waiter.result) {
         Some(Detour::NoScript) if !retries.reloaded => {
             retries.reloaded = true;
-            resend(pool, waiter, args, retries.ask.as_ref(), true)
+            resend(pool(), waiter, args, retries.ask.as_ref(), true)
         }
-        // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says why.
-        Some(Detour::Redirect(to))
-            if retries.redirects < MAX_REDIRECTS
-                && pool.as_deref().is_some_and(WorkerPool::cluster) =>
-        {
+        Some(Detour::Redirect(to)) if retries.redirects < MAX_REDIRECTS => {
+            let pool = pool();
+            // Without `cluster=on` there is nowhere to follow it to: the reply stands, and says
+            // why.
+            if !pool.as_deref().is_some_and(WorkerPool::cluster) {
+                return Follow::No;
+            }
             retries.redirects += 1;
             // After a NOSCRIPT, every node it goes to next may lack the script too (a replica
             // just promoted), so each later call is preceded by SCRIPT LOAD.

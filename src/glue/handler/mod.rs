@@ -431,7 +431,7 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     if ctx.waiter.result.is_none() {
         return;
     }
-    match follow(mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries) {
+    match follow(|| mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries) {
         Follow::Resent => return,
         Follow::Later => {
             if time_left(ctx, redis) > TRYAGAIN_DELAY as ngx_msec_int_t {
