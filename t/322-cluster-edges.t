@@ -48,7 +48,21 @@ sub exact_on_every_primary {
     }
     for my $k (sort values %on) {
         my @st = map { rl(http_get("/t?k=$k")) =~ s/_CACHED$//r } 1 .. 4;
-        is("@st", 'PASSED PASSED PASSED REJECTED', "$what: key $k decided exactly");
+        is("@st", 'PASSED PASSED PASSED REJECTED', "$what: key $k decided exactly")
+            or why_not($k);
+    }
+}
+# What a failed decision met: the module's own words, and each node's role and cluster state
+# (a failover or a node that had not yet converged is the cluster's doing, not the worker's).
+sub why_not {
+    my ($k) = @_;
+    my @said = grep { /ratelimit:/ && !/limiting requests/ } split /\n/, error_log_text();
+    diag("key $k: slot " . $c->keyslot("rl:api:$k") . "; the module's log:\n"
+        . join("\n", @said[($#said > 19 ? $#said - 19 : 0) .. $#said]));
+    for my $port ($c->ports) {
+        my $role = eval { $c->cmd($port, 'ROLE')->[0] } // '?';
+        diag("node $port: $role, cluster_state " . ($c->info_field($port, 'cluster', 'cluster_state') // '?')
+            . ", epoch " . ($c->info_field($port, 'cluster', 'cluster_my_epoch') // '?'));
     }
 }
 
