@@ -123,7 +123,11 @@ cmp_ok($empty_calls, '<', 5, 'an empty balance hammered costs a few script calls
 
 # The cost of a client hammering past its limit: script calls and all commands per second.
 $exhaust->('h');
-hammer('/t?k=h&c=1', 24);
+# Every worker first learns of the rejection, as for the empty balance: a worker that took no
+# request of one warm-up round sends each request of its first burst to Redis, concurrently,
+# before the first answer is remembered (24 script calls of one worker in a loaded run).
+ok(wait_until(10, sub { cached_by_worker(hammer('/t?k=h&c=1', 24)) == 4 }, 0.05),
+    'a hammered consumer: every worker remembers its rejection');
 redis_cmd('CONFIG', 'RESETSTAT');
 my ($n, $t0) = (0, time);
 while (time - $t0 < 2) { $n += @{ hammer('/t?k=h&c=1', 24) } }
