@@ -323,8 +323,10 @@ user:{PLAIN}pass
  "Authorization: Basic dXNlcjpwYXNz"]
 --- error_code eval
 [200, 200, 401, 401]
---- response_headers eval
-["X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED_CACHED", "X-RL: REJECTED_CACHED"]
+--- response_headers_like eval
+# A rejection is remembered 100 ms only until the worker's tracker (started by the first) is
+# ready, so a later request on a loaded machine may be rejected by Redis again.
+["X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED(_CACHED)?", "X-RL: REJECTED(_CACHED)?"]
 --- rl_redis_check
 ZCARD rl:api:a => 1
 
