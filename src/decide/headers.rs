@@ -1,7 +1,5 @@
 //! Formatting of the RateLimit response headers and `Retry-After`.
 
-use core::fmt::{self, Write};
-
 use crate::decide::text::StackText;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,34 +65,33 @@ pub fn format<'a>(
     let reset = ceil_secs(q.reset_ms);
     let mut v = StackText::default();
     // Zone names are at most 64 characters, so the values always fit in a StackText.
-    let mut put = |name: &'static str, args: fmt::Arguments<'_>| {
-        v.clear();
-        v.write_fmt(args).ok()?;
-        emit(name, v.as_bytes())
-    };
+    let mut put = |name: &'static str, value: &StackText| emit(name, value.get()?);
     match mode {
         HeaderMode::Off => {}
         HeaderMode::Legacy => {
-            put("RateLimit-Limit", format_args!("{}", q.limit))?;
-            put("RateLimit-Remaining", format_args!("{}", q.remaining))?;
-            put("RateLimit-Reset", format_args!("{reset}"))?;
+            put("RateLimit-Limit", v.clear().num(q.limit))?;
+            put("RateLimit-Remaining", v.clear().num(q.remaining))?;
+            put("RateLimit-Reset", v.clear().num(reset))?;
         }
         HeaderMode::Draft => {
             for p in policies {
+                v.clear().push(b"\"").push(p.zone.as_bytes()).push(b"\";q=");
                 if p.window_ms == 0 {
                     // A balance: no window, only an operator refills it.
-                    put("RateLimit-Policy", format_args!("\"{}\";q={}", p.zone, p.limit))?;
+                    v.num(p.limit);
                 } else {
                     let (quota, w) = policy_quota(p.limit, p.window_ms);
-                    put("RateLimit-Policy", format_args!("\"{}\";q={quota};w={w}", p.zone))?;
+                    v.num(quota).push(b";w=").num(w);
                 }
+                put("RateLimit-Policy", &v)?;
             }
-            put("RateLimit", format_args!("\"{}\";r={};t={reset}", q.zone, q.remaining))?;
+            v.clear().push(b"\"").push(q.zone.as_bytes()).push(b"\";r=").num(q.remaining);
+            put("RateLimit", v.push(b";t=").num(reset))?;
         }
     }
     // No time readmits a request an empty balance rejected: no Retry-After to hammer on.
     if q.rejected && q.window_ms != 0 {
-        put("Retry-After", format_args!("{}", reset.max(1)))?;
+        put("Retry-After", v.clear().num(reset.max(1)))?;
     }
     Some(())
 }
