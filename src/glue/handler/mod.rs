@@ -24,10 +24,11 @@ use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
+use crate::decide::table_key::TableKey;
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
 use crate::glue::giveback;
 use crate::glue::module::RateLimit;
-use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key};
+use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key, PoolVec};
 use crate::redis::conf::RedisConf;
 use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
@@ -61,8 +62,8 @@ pub struct Ctx {
     started: ngx_msec_t,
     /// The same instant on the wall clock, in ms: `$ratelimit_time`.
     pub asked_ms: u64,
-    /// The zones that decide this request, in script order.
-    zones: Vec<ZoneReq>,
+    /// The zones that decide this request, in script order, in the request's pool.
+    zones: PoolVec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
@@ -79,11 +80,14 @@ pub struct Ctx {
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
+#[derive(Clone, Copy)]
 pub struct ZoneReq {
     /// Index into the main conf's zones.
     pub zone: usize,
     /// Borrows the configuration and the request's pool, which both outlive the context.
     key: Key<'static>,
+    /// The key as the deny cache and the reservations find it, hashed once.
+    table_key: TableKey<'static>,
     pub limit: u64,
     pub window_ms: u64,
     cost: u64,
@@ -100,8 +104,8 @@ impl ZoneReq {
 
     /// The key as the deny cache knows it, the whole Redis key as Redis names it in its
     /// invalidations: short values only.
-    fn cached_key(&self) -> Option<[&[u8]; 4]> {
-        Some(self.key.parts()).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
+    fn cached_key(&self) -> Option<&TableKey<'static>> {
+        Some(&self.table_key).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
     }
 
     fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
@@ -127,7 +131,7 @@ impl ZoneReq {
 
     fn ask(&self) -> Ask<'_> {
         let figures = Figures { limit: self.limit, window_ms: self.window_ms };
-        Ask { zone: self.zone, key: self.key.parts(), cost: self.cost, figures }
+        Ask { key: self.table_key, cost: self.cost, figures }
     }
 }
 
@@ -162,6 +166,10 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
     ctx.started = ngx_current_msec;
     ctx.asked_ms = wall_ms();
+    let Some(zones) = PoolVec::with_capacity(r, lcf.limits().len()) else {
+        return NGX_ERROR as ngx_int_t;
+    };
+    ctx.zones = zones;
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
@@ -203,8 +211,11 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             },
             None => None,
         };
-        let z =
-            ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member, lease: None };
+        let i = limit.zone;
+        let table_key = TableKey::new(i, &key.parts());
+        let (limit, lease) = (limit_n, None);
+        let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease };
+        // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
         if cost > capacity {
@@ -324,7 +335,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         retries: Retries::default(),
         started: 0,
         asked_ms: 0,
-        zones: Vec::new(),
+        zones: PoolVec::new(),
         beyond_capacity: false,
         quota: None,
         slots: Vec::new(),
