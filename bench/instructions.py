@@ -9,6 +9,7 @@ one configuration so that start-up costs the same:
   limit_req    nginx's own limit_req, burst=1000000 nodelay (never rejects)
   exact        ratelimit, sliding_counter limit=10000000 window=60s, decided by Redis each time
   lease        the same zone with lease=auto (admitted from this worker's reservations)
+  lease_bare   the same, `ratelimit_headers off`: what the three headers cost nginx
   two_leases   two leased zones, per client address and per key
   deny         a rejection answered from the deny cache (limit 1 per 60 s, taken in warm-up)
   limit_req_deny  limit_req rejecting (rate=1r/m, no burst): what the deny cache is held to
@@ -58,6 +59,7 @@ CONTENDERS = [
     ("limit_req", "/lr/", "`limit_req` burst=1000000 nodelay"),
     ("exact", "/exact/", "`ratelimit` exact"),
     ("lease", "/lease/", "`ratelimit` lease=auto"),
+    ("lease_bare", "/bare/", "`ratelimit` lease=auto, `ratelimit_headers off`"),
     ("two_leases", "/two/", "`ratelimit` two leased zones (address, key)"),
     ("deny", "/deny/", "`ratelimit` rejection from the deny cache"),
     ("limit_req_deny", "/lrdeny/", "`limit_req` rejecting"),
@@ -124,6 +126,7 @@ http {{
         location /lrdeny/ {{ limit_req zone=lrdeny; try_files /index.html =404; }}
         location /exact/ {{ ratelimit exact; try_files /index.html =404; }}
         location /lease/ {{ ratelimit leased; try_files /index.html =404; }}
+        location /bare/ {{ ratelimit leased; ratelimit_headers off; try_files /index.html =404; }}
         location /two/ {{ ratelimit per_addr; ratelimit per_key; try_files /index.html =404; }}
         location /deny/ {{ ratelimit denied; try_files /index.html =404; }}
     }}

@@ -7,7 +7,7 @@
 //! (which no client can find without the seed) is simply not kept, so it is decided by Redis.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher, RandomState};
 use std::sync::OnceLock;
 
 const ZONE_LEN: usize = core::mem::size_of::<usize>();
@@ -25,12 +25,7 @@ impl<'a> TableKey<'a> {
     pub fn new(zone: usize, parts: &[&'a [u8]]) -> Self {
         let mut all: [&[u8]; 4] = [b""; 4];
         all[..parts.len()].copy_from_slice(parts);
-        static SEED: OnceLock<RandomState> = OnceLock::new();
-        let mut h = SEED.get_or_init(RandomState::new).build_hasher();
-        h.write(&zone.to_ne_bytes());
-        // A byte stream: the same key split differently hashes the same.
-        all.iter().for_each(|p| h.write(p));
-        TableKey { zone, parts: all, hash: h.finish() }
+        TableHead::new(zone, &all[..3]).key(all)
     }
 
     /// The whole Redis key, as Redis names it.
@@ -59,6 +54,33 @@ impl<'a> TableKey<'a> {
             rest = tail;
             head == *p
         })
+    }
+}
+
+/// The hash of what every key of a zone starts with (the zone's index, the key prefix and the
+/// zone name: the first three of `crate::decide::key::Key::parts`), taken once per worker, so
+/// that a request's key hashes its own value only.
+#[derive(Clone)]
+pub struct TableHead {
+    zone: usize,
+    state: DefaultHasher,
+}
+
+impl TableHead {
+    pub fn new(zone: usize, head: &[&[u8]]) -> Self {
+        static SEED: OnceLock<RandomState> = OnceLock::new();
+        let mut state = SEED.get_or_init(RandomState::new).build_hasher();
+        state.write(&zone.to_ne_bytes());
+        // A byte stream: the same key split differently hashes the same.
+        head.iter().for_each(|p| state.write(p));
+        TableHead { zone, state }
+    }
+
+    /// The key of `parts`, the first three of which are this head's.
+    pub fn key<'a>(&self, parts: [&'a [u8]; 4]) -> TableKey<'a> {
+        let mut h = self.state.clone();
+        h.write(parts[3]);
+        TableKey { zone: self.zone, parts, hash: h.finish() }
     }
 }
 
@@ -97,6 +119,70 @@ impl Hasher for Prehashed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::deny_cache::{Denial, DenyCache};
+    use crate::decide::lease::{Ask, Figures, Grant, Leases};
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    /// The system allocator, counting this thread's allocations: tests run on several threads.
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    // SAFETY: every call is the system allocator's; the count is a side effect.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            System.alloc(layout)
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            System.dealloc(ptr, layout)
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            System.realloc(ptr, layout, size)
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    /// What a request admitted from a reservation, or rejected from the deny cache, does with
+    /// the tables: hash its keys, spend, check. None of it may allocate.
+    #[test]
+    fn the_lease_and_deny_paths_allocate_nothing() {
+        let figures = Figures { limit: 1000, window_ms: 60_000 };
+        let heads =
+            [TableHead::new(0, &[b"rl:", b"ip", b":"]), TableHead::new(1, &[b"", b"", b""])];
+        let (mut leases, mut cache) = (Leases::new(100, 0), DenyCache::new(100));
+        let grant = Grant { units: 500, life_ms: 1000, token: 1, rid: 1 };
+        for (z, head) in heads.iter().enumerate() {
+            let key = head.key([b"rl:", b"ip", b":", b"10.0.0.1"]);
+            leases.granted(&Ask { key, cost: 1, figures }, grant, 0, 100, 60_000, false);
+            let d = Denial {
+                until_ms: 5000,
+                kept_until_ms: 5000,
+                cost: 1,
+                limit: 10,
+                window_ms: 1000,
+                remaining: 0,
+            };
+            cache.insert(&TableKey::new(z, &[b"rl:ip:10.0.0.2"]), d);
+        }
+        let before = ALLOCATIONS.with(Cell::get);
+        for now in 1..100 {
+            let keys = heads.each_ref().map(|h| h.key([b"rl:", b"ip", b":", b"10.0.0.1"]));
+            let asks = keys.map(|key| Ask { key, cost: 1, figures });
+            assert!(leases.try_spend(asks, now).is_some());
+            let denied = TableKey::new(1, &[b"rl:", b"ip", b":", b"10.0.0.2"]);
+            assert!(cache.check(&denied, 1, 10, 1000, now).is_some());
+        }
+        assert_eq!(ALLOCATIONS.with(Cell::get), before);
+    }
 
     #[test]
     fn a_key_is_its_bytes_however_split() {
@@ -112,5 +198,7 @@ mod tests {
             assert!(!other.is(&whole.stored()));
         }
         assert!(!TableKey::new(3, &[b"rl:api:bo", b"c"]).is(&whole.stored()));
+        let head = TableHead::new(3, &[b"rl:", b"api", b":"]);
+        assert_eq!(head.key([b"rl:", b"api", b":", b"bob"]).hash, whole.hash);
     }
 }

@@ -296,7 +296,8 @@ impl Leases {
         }
         let mut out: Option<(usize, u64, u64)> = None;
         for (i, a) in asks.enumerate() {
-            let e = self.entry(&a.key)?;
+            // The first pass found the key at its hash, and nothing has changed since.
+            let e = self.map.get_mut(&a.key.hash)?;
             e.roll(now);
             e.now_units += a.cost;
             e.touched = now;

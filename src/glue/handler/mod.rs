@@ -7,12 +7,11 @@
 use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 
-use ngx::core::Pool;
 use ngx::ffi::{
     ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
     ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t, ngx_http_request_t,
     ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_int_t, ngx_msec_t,
-    ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    ngx_palloc, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -24,7 +23,7 @@ use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
-use crate::decide::table_key::TableKey;
+use crate::decide::table_key::{TableHead, TableKey};
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
 use crate::glue::giveback;
 use crate::glue::module::RateLimit;
@@ -212,7 +211,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             None => None,
         };
         let i = limit.zone;
-        let table_key = TableKey::new(i, &key.parts());
+        let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
+        let table_key = head.key(key.parts());
         let (limit, lease) = (limit_n, None);
         let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease };
         // Room was made for every `ratelimit` line of the location.
@@ -324,8 +324,10 @@ unsafe fn param(
 }
 
 unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
-    let pool = Pool::from_ngx_pool((*r).pool);
-    let ctx = NonNull::new(pool.allocate(Ctx {
+    // ngx_palloc aligns to NGX_ALIGNMENT, a machine word.
+    const { assert!(align_of::<Ctx>() <= align_of::<usize>()) };
+    let ctx = NonNull::new(ngx_palloc((*r).pool, size_of::<Ctx>()) as *mut Ctx)?;
+    ctx.as_ptr().write(Ctx {
         r,
         status: Status::Pending,
         applied: false,
@@ -341,19 +343,24 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         slots: Vec::new(),
         local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
-    }))?;
+    });
     // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
-    // the pool's runs again (harmlessly) after the access log and anchors the context for
-    // `find_ctx`: `ngx_http_free_request` empties `r->cleanup` before the log phase.
-    let cln = ngx_http_cleanup_add(r, 0);
+    // the pool's (`release`) runs it again (harmlessly) after the access log, then drops the
+    // context, and anchors it for `find_ctx`: `ngx_http_free_request` empties `r->cleanup`
+    // before the log phase.
     let anchor = ngx_pool_cleanup_add((*r).pool, 0);
-    if cln.is_null() || anchor.is_null() {
+    if anchor.is_null() {
+        ptr::drop_in_place(ctx.as_ptr());
+        return None;
+    }
+    (*anchor).handler = Some(release);
+    (*anchor).data = ctx.as_ptr() as *mut c_void;
+    let cln = ngx_http_cleanup_add(r, 0);
+    if cln.is_null() {
         return None;
     }
     (*cln).handler = Some(cleanup);
     (*cln).data = ctx.as_ptr() as *mut c_void;
-    (*anchor).handler = Some(cleanup);
-    (*anchor).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     attach(&mut c.waiter, &mut c.ev, on_event, r);
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
@@ -370,13 +377,20 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     let mut cln = (*(*r).pool).cleanup;
     while !cln.is_null() {
         // Both sides name the same function of this crate, taken in this file.
-        if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, cleanup as unsafe extern "C" fn(_))) {
+        if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, release as unsafe extern "C" fn(_))) {
             *slot = (*cln).data;
             return NonNull::new((*cln).data as *mut Ctx);
         }
         cln = (*cln).next;
     }
     None
+}
+
+/// The request's pool is destroyed: `cleanup` once more, then the context's own drop (its
+/// pending reply, its encoded arguments), in the one pool cleanup a request adds.
+unsafe extern "C" fn release(data: *mut c_void) {
+    cleanup(data);
+    ptr::drop_in_place(data as *mut Ctx);
 }
 
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
