@@ -54,6 +54,9 @@ pub(super) unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool
 /// key found gone, or a flush, stops their spending until then. Lost tracking leaves
 /// reservations spendable until it can be had again, and then checks them.
 pub(super) fn hear_changes(mcf: &MainConf) {
+    if !invalidation::pending() {
+        return;
+    }
     let (mut cache, mut leases) = (mcf.deny_cache.borrow_mut(), mcf.leases.borrow_mut());
     let entries = cache.as_ref().map_or(0, |c| c.len());
     let zones = mcf.zones.len();

@@ -250,6 +250,9 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         return apply(ctx, lcf, mcf);
     }
 
+    if !cleanup_at_end(ctx) {
+        return NGX_ERROR as ngx_int_t;
+    }
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
@@ -344,10 +347,9 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
     });
-    // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
-    // the pool's (`release`) runs it again (harmlessly) after the access log, then drops the
-    // context, and anchors it for `find_ctx`: `ngx_http_free_request` empties `r->cleanup`
-    // before the log phase.
+    // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
+    // context, and anchors it for `find_ctx`; a request that goes to Redis runs `cleanup`
+    // sooner as well (`cleanup_at_end`).
     let anchor = ngx_pool_cleanup_add((*r).pool, 0);
     if anchor.is_null() {
         ptr::drop_in_place(ctx.as_ptr());
@@ -355,16 +357,24 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     }
     (*anchor).handler = Some(release);
     (*anchor).data = ctx.as_ptr() as *mut c_void;
-    let cln = ngx_http_cleanup_add(r, 0);
-    if cln.is_null() {
-        return None;
-    }
-    (*cln).handler = Some(cleanup);
-    (*cln).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     attach(&mut c.waiter, &mut c.ev, on_event, r);
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
     Some(ctx)
+}
+
+/// Has `cleanup` detach from Redis and release the request's slots as soon as the request ends
+/// or is terminated, before the access log (`ngx_http_free_request` runs `r->cleanup` first):
+/// for a request that waits for Redis or may hold slots. One answered from this worker's memory
+/// holds nothing, and its pool's `release` is enough.
+unsafe fn cleanup_at_end(ctx: &mut Ctx) -> bool {
+    let cln = ngx_http_cleanup_add(ctx.r, 0);
+    if cln.is_null() {
+        return false;
+    }
+    (*cln).handler = Some(cleanup);
+    (*cln).data = ptr::from_mut(ctx) as *mut c_void;
+    true
 }
 
 /// The main request's context, also after an internal redirect has cleared `r->ctx`.
@@ -394,10 +404,11 @@ unsafe extern "C" fn release(data: *mut c_void) {
 }
 
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
-/// once and releases the request's concurrency slots. `ngx_http_free_request` runs it for every
-/// main request, aborted ones and reset HTTP/2 streams included, just before the access log
-/// (after a lingering close, if there is one). The context itself stays readable for the
-/// access log. Idempotent: it runs twice.
+/// once and releases the request's concurrency slots. For a request that went to Redis
+/// (`cleanup_at_end`), `ngx_http_free_request` runs it for every main request, aborted ones and
+/// reset HTTP/2 streams included, just before the access log (after a lingering close, if there
+/// is one); for every request, the pool's `release` runs it after the log. The context itself
+/// stays readable for the access log. Idempotent: it may run twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
     if let Some(token) = ctx.waiter.token.take() {
