@@ -511,7 +511,8 @@ bench-lease: deps-bench
 	bench/lease.sh
 
 # The worker's own instructions per request under callgrind: no limiter, limit_req, exact,
-# lease=auto, two leased zones, a deny-cache rejection, limit_req rejecting (about 10 minutes).
+# lease=auto (also without headers), two leased zones, a deny-cache rejection (also without
+# headers), limit_req rejecting; 3 runs each (about 20 minutes; INSTRUCTIONS_ARGS="--runs 1").
 .PHONY: bench-instructions
 bench-instructions: deps-bench
 	$(MAKE) build

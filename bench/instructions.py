@@ -12,6 +12,7 @@ one configuration so that start-up costs the same:
   lease_bare   the same, `ratelimit_headers off`: what the three headers cost nginx
   two_leases   two leased zones, per client address and per key
   deny         a rejection answered from the deny cache (limit 1 per 60 s, taken in warm-up)
+  deny_bare    the same, `ratelimit_headers off` (Retry-After stays: every rejection has it)
   limit_req_deny  limit_req rejecting (rate=1r/m, no burst): what the deny cache is held to
 
 Each "life" is one nginx under `valgrind --tool=callgrind`: 4 client threads (Python
@@ -62,6 +63,7 @@ CONTENDERS = [
     ("lease_bare", "/bare/", "`ratelimit` lease=auto, `ratelimit_headers off`"),
     ("two_leases", "/two/", "`ratelimit` two leased zones (address, key)"),
     ("deny", "/deny/", "`ratelimit` rejection from the deny cache"),
+    ("deny_bare", "/denybare/", "`ratelimit` deny cache, `ratelimit_headers off`"),
     ("limit_req_deny", "/lrdeny/", "`limit_req` rejecting"),
 ]
 
@@ -129,6 +131,7 @@ http {{
         location /bare/ {{ ratelimit leased; ratelimit_headers off; try_files /index.html =404; }}
         location /two/ {{ ratelimit per_addr; ratelimit per_key; try_files /index.html =404; }}
         location /deny/ {{ ratelimit denied; try_files /index.html =404; }}
+        location /denybare/ {{ ratelimit denied; ratelimit_headers off; try_files /index.html =404; }}
     }}
 }}
 """
@@ -389,7 +392,7 @@ def main():
             }
         breakdown = {}
         for name, _, _ in contenders:
-            if name in ("none", "limit_req", "limit_req_deny"):
+            if name in ("none", "limit_req", "limit_req_deny", "lease_bare", "deny_bare"):
                 continue
             lives = results[name]["lives"]
             (big, big_files), (small, small_files) = (annotate(lives[n][0]) for n in (args.large, args.small))
