@@ -28,6 +28,9 @@
 #                       per decision (bench/topology.sh)
 #   make bench-lease    no limiter vs exact vs lease=auto, 1 worker: busy keys, Zipf, uniform,
 #                       and a paced key's under-admission (bench/lease.sh)
+#   make bench-instructions  the worker's own instructions and mallocs per request under
+#                       callgrind: no limiter, limit_req, exact, lease=auto, two leased zones,
+#                       deny-cache rejection (bench/instructions.py)
 #   make bench-concurrency  what held concurrency slots cost Redis per slot per second, by
 #                       lease_time and slots in flight (bench/concurrency.sh)
 #   make fmt | lint | clean
@@ -84,7 +87,7 @@ APT_DEB    := debhelper dpkg-dev fakeroot nginx-dev lintian
 APT_DOCKER := docker.io debootstrap
 APT_RUN    := redis-server redis-tools curl
 APT_BENCH  := redis-server redis-tools wrk curl nginx-dev libnginx-mod-http-ndk libnginx-mod-http-lua \
-              lua-nginx-redis python3-venv
+              lua-nginx-redis python3-venv valgrind
 APT_ALL    := $(sort $(APT_BUILD) $(APT_SYSTEM) $(APT_TEST) $(APT_RUN) $(APT_BENCH) $(APT_DEB))
 
 # The valgrind pass of `make test`; TEST_VALGRIND=0 skips it (the Docker test image: CI's own
@@ -506,6 +509,14 @@ bench-topology: deps-bench
 bench-lease: deps-bench
 	$(MAKE) build
 	bench/lease.sh
+
+# The worker's own instructions per request under callgrind: no limiter, limit_req, exact,
+# lease=auto (also without headers), two leased zones, a deny-cache rejection (also without
+# headers), limit_req rejecting; 3 runs each (about 20 minutes; INSTRUCTIONS_ARGS="--runs 1").
+.PHONY: bench-instructions
+bench-instructions: deps-bench
+	$(MAKE) build
+	bench/instructions.py $(INSTRUCTIONS_ARGS)
 
 # Redis's cost of keeping concurrency slots renewed, by lease_time (about 3 minutes).
 .PHONY: bench-concurrency

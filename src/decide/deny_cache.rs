@@ -11,8 +11,7 @@
 //! are compared because they can come from per-request variables. Keys are whole Redis keys, as
 //! Redis names them in its invalidations.
 
-use std::collections::HashMap;
-use std::rc::Rc;
+use crate::decide::table_key::{ByHash, TableKey};
 
 /// One remembered rejection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +47,9 @@ pub struct Hit {
 const NIL: usize = usize::MAX;
 
 struct Slot {
-    /// Shared with the map, so the key's bytes are stored once yet eviction can find the map entry.
-    key: Rc<[u8]>,
+    /// `TableKey::stored`, which the lookup compares, and its hash, the map's key.
+    key: Box<[u8]>,
+    hash: u64,
     denial: Denial,
     /// Neighbour towards the most recently used end.
     prev: usize,
@@ -66,10 +66,9 @@ struct Slot {
 /// costs only what is used, but the slot vector and hash table grow by doubling: right after they
 /// do, their spare room adds up to about 90 bytes per entry.
 pub struct DenyCache {
-    /// Keys are the zone index's bytes followed by the key, so one flat byte string identifies an
-    /// entry and lookups can borrow it as `[u8]`. SipHash (std's default) because the keys come
-    /// from clients, who could otherwise aim collisions at one bucket.
-    map: HashMap<Rc<[u8]>, usize>,
+    /// The key's hash (keyed SipHash, `crate::decide::table_key`) to its slot, which holds the
+    /// key itself.
+    map: ByHash<usize>,
     /// Kept dense (removal moves the last slot into the hole), so its length is the entry count.
     slots: Vec<Slot>,
     /// Most recently used slot.
@@ -77,9 +76,6 @@ pub struct DenyCache {
     /// Least recently used slot, the next victim.
     tail: usize,
     capacity: usize,
-    /// Reused to assemble the lookup key, so checks allocate nothing once it has grown to the
-    /// longest key seen.
-    scratch: Vec<u8>,
 }
 
 impl DenyCache {
@@ -87,55 +83,56 @@ impl DenyCache {
     /// panics on a bad size would only abort.
     pub fn new(capacity: usize) -> Self {
         DenyCache {
-            map: HashMap::new(),
+            map: ByHash::default(),
             slots: Vec::new(),
             head: NIL,
             tail: NIL,
             capacity: capacity.max(1),
-            scratch: Vec::new(),
         }
     }
 
-    /// Remembers a rejection of `key` in zone `zone`, replacing any previous one, evicting the
-    /// least recently used entry when full.
-    pub fn insert(&mut self, zone: usize, key: &[&[u8]], denial: Denial) {
-        if let Some(i) = self.find(zone, key) {
-            self.slots[i].denial = denial;
-            self.touch(i);
-            return;
+    /// Remembers a rejection of `key`, replacing any previous one, evicting the least recently
+    /// used entry when full. A key whose hash another key holds is not remembered.
+    pub fn insert(&mut self, key: &TableKey<'_>, denial: Denial) {
+        match self.map.get(&key.hash) {
+            Some(&i) if key.is(&self.slots[i].key) => {
+                self.slots[i].denial = denial;
+                self.touch(i);
+                return;
+            }
+            Some(_) => return,
+            None => {}
         }
-        let key: Rc<[u8]> = Rc::from(&self.scratch[..]);
+        let (stored, hash) = (key.stored(), key.hash);
         let i = if self.slots.len() < self.capacity {
-            self.slots.push(Slot { key: Rc::clone(&key), denial, prev: NIL, next: NIL });
+            self.slots.push(Slot { key: stored, hash, denial, prev: NIL, next: NIL });
             let i = self.slots.len() - 1;
             self.link_front(i);
             i
         } else {
             // Reusing the victim's slot in place avoids shuffling the dense slot vector.
             let i = self.tail;
-            self.map.remove(&*self.slots[i].key);
-            self.slots[i].key = Rc::clone(&key);
+            self.map.remove(&self.slots[i].hash);
+            (self.slots[i].key, self.slots[i].hash) = (stored, hash);
             self.slots[i].denial = denial;
             self.touch(i);
             i
         };
-        self.map.insert(key, i);
+        self.map.insert(hash, i);
     }
 
-    /// The remembered rejection of `key` in zone `zone`, and the time left on it, if it also
-    /// applies to a request of `cost` units under `limit` per `window_ms` at monotonic time
-    /// `now_ms`. An expired entry is dropped; a hit makes the entry the most recently used.
-    /// Allocates nothing once the scratch buffer has grown to the longest key.
+    /// The remembered rejection of `key`, and the time left on it, if it also applies to a
+    /// request of `cost` units under `limit` per `window_ms` at monotonic time `now_ms`. An
+    /// expired entry is dropped; a hit makes the entry the most recently used. Allocates nothing.
     pub fn check(
         &mut self,
-        zone: usize,
-        key: &[&[u8]],
+        key: &TableKey<'_>,
         cost: u64,
         limit: u64,
         window_ms: u64,
         now_ms: u64,
     ) -> Option<Hit> {
-        let i = self.find(zone, key)?;
+        let i = self.find(key)?;
         let d = self.slots[i].denial;
         if d.kept_until_ms.min(d.until_ms) <= now_ms {
             self.remove(i);
@@ -150,9 +147,9 @@ impl DenyCache {
         Some(Hit { left_ms, remaining: d.remaining })
     }
 
-    /// Drops what is remembered of `key` in zone `zone`.
-    pub fn forget(&mut self, zone: usize, key: &[&[u8]]) {
-        if let Some(i) = self.find(zone, key) {
+    /// Drops what is remembered of `key`.
+    pub fn forget(&mut self, key: &TableKey<'_>) {
+        if let Some(i) = self.find(key) {
             self.remove(i);
         }
     }
@@ -169,20 +166,14 @@ impl DenyCache {
         self.slots.len()
     }
 
-    /// Assembles the lookup key in the scratch buffer (where `insert` reuses it) and finds its slot.
-    fn find(&mut self, zone: usize, key: &[&[u8]]) -> Option<usize> {
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&zone.to_le_bytes());
-        for part in key {
-            self.scratch.extend_from_slice(part);
-        }
-        self.map.get(&self.scratch[..]).copied()
+    fn find(&self, key: &TableKey<'_>) -> Option<usize> {
+        self.map.get(&key.hash).copied().filter(|&i| key.is(&self.slots[i].key))
     }
 
     fn remove(&mut self, i: usize) {
         self.unlink(i);
         let gone = self.slots.swap_remove(i);
-        self.map.remove(&*gone.key);
+        self.map.remove(&gone.hash);
         if i == self.slots.len() {
             return;
         }
@@ -198,7 +189,7 @@ impl DenyCache {
         } else {
             self.slots[next].prev = i;
         }
-        *self.map.get_mut(&*self.slots[i].key).expect("every slot has a map entry") = i;
+        *self.map.get_mut(&self.slots[i].hash).expect("every slot has a map entry") = i;
     }
 
     /// Makes slot `i` the most recently used.
@@ -245,7 +236,7 @@ mod tests {
 
     /// Whether `key` in `zone` hits with the defaults of `denial` at time 0.
     fn hits(c: &mut DenyCache, zone: usize, key: &[u8]) -> bool {
-        c.check(zone, &[key], 1, 10, 1000, 0).is_some()
+        c.check(&TableKey::new(zone, &[key]), 1, 10, 1000, 0).is_some()
     }
 
     /// The entries from most to least recently used, after checking every structural invariant.
@@ -257,7 +248,7 @@ mod tests {
         while i != NIL {
             let s = &c.slots[i];
             assert_eq!(s.prev, prev);
-            assert_eq!(c.map[&*s.key], i);
+            assert_eq!(c.map[&s.hash], i);
             out.push((s.key.to_vec(), s.denial));
             assert!(out.len() <= c.slots.len(), "cycle in the recency list");
             (prev, i) = (i, s.next);
@@ -268,30 +259,36 @@ mod tests {
     }
 
     fn full_key(zone: usize, key: &[u8]) -> Vec<u8> {
-        [&zone.to_le_bytes()[..], key].concat()
+        [&zone.to_ne_bytes()[..], key].concat()
     }
 
     #[test]
     fn hit_and_miss() {
         let mut c = DenyCache::new(4);
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
-        c.insert(0, &[b"a"], denial(500, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 100).map(|h| h.left_ms), Some(400));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 499).map(|h| h.left_ms), Some(1));
-        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 100), None);
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 0), None);
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 1));
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 100).map(|h| h.left_ms),
+            Some(400)
+        );
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 499).map(|h| h.left_ms),
+            Some(1)
+        );
+        assert_eq!(c.check(&TableKey::new(0, &[b"b"]), 1, 10, 1000, 100), None);
         assert_eq!(c.len(), 1);
     }
 
     #[test]
     fn expired_entries_miss_and_are_removed() {
         let mut c = DenyCache::new(4);
-        c.insert(0, &[b"a"], denial(500, 1));
-        c.insert(0, &[b"b"], denial(900, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 500), None);
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"b"]), denial(900, 1));
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 500), None);
         assert_eq!(c.len(), 1);
         assert_eq!(order(&c), [(full_key(0, b"b"), denial(900, 1))]);
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
-        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 1000), None);
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 0), None);
+        assert_eq!(c.check(&TableKey::new(0, &[b"b"]), 1, 10, 1000, 1000), None);
         assert_eq!(c.len(), 0);
         order(&c);
     }
@@ -299,32 +296,40 @@ mod tests {
     #[test]
     fn cheaper_requests_miss_and_keep_the_entry() {
         let mut c = DenyCache::new(4);
-        c.insert(0, &[b"a"], denial(500, 3));
-        assert_eq!(c.check(0, &[b"a"], 2, 10, 1000, 0), None);
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 3));
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 2, 10, 1000, 0), None);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, &[b"a"], 3, 10, 1000, 0).map(|h| h.left_ms), Some(500));
-        assert_eq!(c.check(0, &[b"a"], 7, 10, 1000, 0).map(|h| h.left_ms), Some(500));
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 3, 10, 1000, 0).map(|h| h.left_ms),
+            Some(500)
+        );
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 7, 10, 1000, 0).map(|h| h.left_ms),
+            Some(500)
+        );
     }
 
     #[test]
     fn other_limit_or_window_misses() {
         let mut c = DenyCache::new(4);
-        c.insert(0, &[b"a"], denial(500, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 11, 1000, 0), None);
-        assert_eq!(c.check(0, &[b"a"], 1, 9, 1000, 0), None);
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 999, 0), None);
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1001, 0), None);
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 1));
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 11, 1000, 0), None);
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 9, 1000, 0), None);
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 10, 999, 0), None);
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1001, 0), None);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(500));
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 0).map(|h| h.left_ms),
+            Some(500)
+        );
     }
 
     #[test]
     fn insert_replaces() {
         let mut c = DenyCache::new(4);
-        c.insert(0, &[b"a"], denial(500, 5));
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 5));
         c.insert(
-            0,
-            &[b"a"],
+            &TableKey::new(0, &[b"a"]),
             Denial {
                 until_ms: 300,
                 kept_until_ms: 300,
@@ -335,24 +340,27 @@ mod tests {
             },
         );
         assert_eq!(c.len(), 1);
-        assert_eq!(c.check(0, &[b"a"], 5, 10, 1000, 0), None);
-        assert_eq!(c.check(0, &[b"a"], 1, 20, 60, 100).map(|h| h.left_ms), Some(200));
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 5, 10, 1000, 0), None);
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 1, 20, 60, 100).map(|h| h.left_ms),
+            Some(200)
+        );
     }
 
     #[test]
     fn evicts_the_least_recently_used() {
         let mut c = DenyCache::new(3);
-        c.insert(0, &[b"a"], denial(500, 1));
-        c.insert(0, &[b"b"], denial(500, 1));
-        c.insert(0, &[b"c"], denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"b"]), denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"c"]), denial(500, 1));
         // A hit refreshes "a", so "b" is now the oldest.
         assert!(hits(&mut c, 0, b"a"));
-        c.insert(0, &[b"d"], denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"d"]), denial(500, 1));
         assert_eq!(c.len(), 3);
         assert!(!hits(&mut c, 0, b"b"));
         // Replacing refreshes too: "c" becomes the newest, leaving "a" the oldest.
-        c.insert(0, &[b"c"], denial(600, 1));
-        c.insert(0, &[b"e"], denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"c"]), denial(600, 1));
+        c.insert(&TableKey::new(0, &[b"e"]), denial(500, 1));
         let keys: Vec<_> = order(&c).into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, [full_key(0, b"e"), full_key(0, b"c"), full_key(0, b"d")]);
     }
@@ -360,10 +368,10 @@ mod tests {
     #[test]
     fn misses_do_not_refresh() {
         let mut c = DenyCache::new(2);
-        c.insert(0, &[b"a"], denial(500, 5));
-        c.insert(0, &[b"b"], denial(500, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0), None);
-        c.insert(0, &[b"c"], denial(500, 1));
+        c.insert(&TableKey::new(0, &[b"a"]), denial(500, 5));
+        c.insert(&TableKey::new(0, &[b"b"]), denial(500, 1));
+        assert_eq!(c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 0), None);
+        c.insert(&TableKey::new(0, &[b"c"]), denial(500, 1));
         assert!(!hits(&mut c, 0, b"a"));
         assert!(hits(&mut c, 0, b"b"));
     }
@@ -372,13 +380,13 @@ mod tests {
     fn capacity_one() {
         for cap in [0, 1] {
             let mut c = DenyCache::new(cap);
-            c.insert(0, &[b"a"], denial(500, 1));
+            c.insert(&TableKey::new(0, &[b"a"]), denial(500, 1));
             assert!(hits(&mut c, 0, b"a"));
-            c.insert(0, &[b"b"], denial(500, 1));
+            c.insert(&TableKey::new(0, &[b"b"]), denial(500, 1));
             assert_eq!(c.len(), 1);
             assert!(!hits(&mut c, 0, b"a"));
             assert!(hits(&mut c, 0, b"b"));
-            c.insert(0, &[b"b"], denial(700, 1));
+            c.insert(&TableKey::new(0, &[b"b"]), denial(700, 1));
             assert_eq!(order(&c), [(full_key(0, b"b"), denial(700, 1))]);
         }
     }
@@ -386,19 +394,34 @@ mod tests {
     #[test]
     fn zones_and_keys_are_distinct() {
         let mut c = DenyCache::new(8);
-        c.insert(0, &[b"a"], denial(100, 1));
-        c.insert(0, &[b"b"], denial(200, 1));
-        c.insert(1, &[b"a"], denial(300, 1));
-        c.insert(256, &[b"a"], denial(400, 1));
+        c.insert(&TableKey::new(0, &[b"a"]), denial(100, 1));
+        c.insert(&TableKey::new(0, &[b"b"]), denial(200, 1));
+        c.insert(&TableKey::new(1, &[b"a"]), denial(300, 1));
+        c.insert(&TableKey::new(256, &[b"a"]), denial(400, 1));
         // The zone prefix has a fixed width, so moving bytes between zone and key cannot collide.
-        c.insert(0, &[b""], denial(500, 1));
-        assert_eq!(c.check(0, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(100));
-        assert_eq!(c.check(0, &[b"b"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(200));
-        assert_eq!(c.check(1, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(300));
-        assert_eq!(c.check(256, &[b"a"], 1, 10, 1000, 0).map(|h| h.left_ms), Some(400));
-        assert_eq!(c.check(0, &[b""], 1, 10, 1000, 0).map(|h| h.left_ms), Some(500));
-        assert_eq!(c.check(1, &[b"b"], 1, 10, 1000, 0), None);
-        assert_eq!(c.check(2, &[b"a"], 1, 10, 1000, 0), None);
+        c.insert(&TableKey::new(0, &[b""]), denial(500, 1));
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"a"]), 1, 10, 1000, 0).map(|h| h.left_ms),
+            Some(100)
+        );
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"b"]), 1, 10, 1000, 0).map(|h| h.left_ms),
+            Some(200)
+        );
+        assert_eq!(
+            c.check(&TableKey::new(1, &[b"a"]), 1, 10, 1000, 0).map(|h| h.left_ms),
+            Some(300)
+        );
+        assert_eq!(
+            c.check(&TableKey::new(256, &[b"a"]), 1, 10, 1000, 0).map(|h| h.left_ms),
+            Some(400)
+        );
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b""]), 1, 10, 1000, 0).map(|h| h.left_ms),
+            Some(500)
+        );
+        assert_eq!(c.check(&TableKey::new(1, &[b"b"]), 1, 10, 1000, 0), None);
+        assert_eq!(c.check(&TableKey::new(2, &[b"a"]), 1, 10, 1000, 0), None);
         assert_eq!(c.len(), 5);
     }
 
@@ -473,11 +496,11 @@ mod tests {
                         window_ms,
                         remaining,
                     };
-                    c.insert(zone, &[key], d);
+                    c.insert(&TableKey::new(zone, &[key]), d);
                     m.insert(zone, key, d);
                 } else {
                     assert_eq!(
-                        c.check(zone, &[key], cost, limit, window_ms, now),
+                        c.check(&TableKey::new(zone, &[key]), cost, limit, window_ms, now),
                         m.check(zone, key, cost, limit, window_ms, now)
                     );
                 }
@@ -503,23 +526,26 @@ mod forgetting {
             remaining: 0,
         };
         let mut c = DenyCache::new(4);
-        c.insert(0, &[b"rl:", b"api", b":", b"bob"], d);
-        c.insert(1, &[b"rl:api:bob"], d);
-        c.insert(0, &[b"rl:api:eve"], d);
+        c.insert(&TableKey::new(0, &[b"rl:", b"api", b":", b"bob"]), d);
+        c.insert(&TableKey::new(1, &[b"rl:api:bob"]), d);
+        c.insert(&TableKey::new(0, &[b"rl:api:eve"]), d);
         // Parts or whole, the same key.
-        assert!(c.check(0, &[b"rl:api:bob"], 1, 10, 1000, 0).is_some());
-        c.forget(0, &[b"rl:api:bob"]);
-        assert_eq!(c.check(0, &[b"rl:api:bob"], 1, 10, 1000, 0), None);
-        assert!(c.check(1, &[b"rl:api:bob"], 1, 10, 1000, 0).is_some());
+        assert!(c.check(&TableKey::new(0, &[b"rl:api:bob"]), 1, 10, 1000, 0).is_some());
+        c.forget(&TableKey::new(0, &[b"rl:api:bob"]));
+        assert_eq!(c.check(&TableKey::new(0, &[b"rl:api:bob"]), 1, 10, 1000, 0), None);
+        assert!(c.check(&TableKey::new(1, &[b"rl:api:bob"]), 1, 10, 1000, 0).is_some());
         c.clear();
         assert_eq!(c.len(), 0);
-        assert_eq!(c.check(0, &[b"rl:api:eve"], 1, 10, 1000, 0), None);
-        c.insert(0, &[b"x"], d);
+        assert_eq!(c.check(&TableKey::new(0, &[b"rl:api:eve"]), 1, 10, 1000, 0), None);
+        c.insert(&TableKey::new(0, &[b"x"]), d);
         assert_eq!(c.len(), 1);
         // Kept briefly, it still reports the whole wait.
-        c.insert(0, &[b"y"], Denial { kept_until_ms: 100, ..d });
-        assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 50).map(|h| h.left_ms), Some(450));
-        assert_eq!(c.check(0, &[b"y"], 1, 10, 1000, 100), None);
+        c.insert(&TableKey::new(0, &[b"y"]), Denial { kept_until_ms: 100, ..d });
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"y"]), 1, 10, 1000, 50).map(|h| h.left_ms),
+            Some(450)
+        );
+        assert_eq!(c.check(&TableKey::new(0, &[b"y"]), 1, 10, 1000, 100), None);
     }
 
     #[test]
@@ -533,12 +559,15 @@ mod forgetting {
             remaining: 1,
         };
         let mut c = DenyCache::new(4);
-        c.insert(0, &[b"rl:credits:bob"], d);
+        c.insert(&TableKey::new(0, &[b"rl:credits:bob"]), d);
         let hit = Hit { left_ms: 0, remaining: 1 };
-        assert_eq!(c.check(0, &[b"rl:credits:bob"], 2, 3, 1000, 0), Some(hit));
-        assert_eq!(c.check(0, &[b"rl:credits:bob"], 2, 3, 1000, u64::MAX / 2), Some(hit));
+        assert_eq!(c.check(&TableKey::new(0, &[b"rl:credits:bob"]), 2, 3, 1000, 0), Some(hit));
+        assert_eq!(
+            c.check(&TableKey::new(0, &[b"rl:credits:bob"]), 2, 3, 1000, u64::MAX / 2),
+            Some(hit)
+        );
         // A top-up: Redis says the key changed.
-        c.forget(0, &[b"rl:credits:bob"]);
-        assert_eq!(c.check(0, &[b"rl:credits:bob"], 2, 3, 1000, 0), None);
+        c.forget(&TableKey::new(0, &[b"rl:credits:bob"]));
+        assert_eq!(c.check(&TableKey::new(0, &[b"rl:credits:bob"]), 2, 3, 1000, 0), None);
     }
 }

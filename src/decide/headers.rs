@@ -1,7 +1,5 @@
 //! Formatting of the RateLimit response headers and `Retry-After`.
 
-use core::fmt::{self, Write};
-
 use crate::decide::text::StackText;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +32,21 @@ pub struct Policy<'a> {
     pub window_ms: u64,
 }
 
+/// A response header's name, and the lower case nginx keeps beside it: written out here, so
+/// that no request lowers it again.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Name {
+    pub text: &'static str,
+    pub lower: &'static str,
+}
+
+const LIMIT: Name = Name { text: "RateLimit-Limit", lower: "ratelimit-limit" };
+const REMAINING: Name = Name { text: "RateLimit-Remaining", lower: "ratelimit-remaining" };
+const RESET: Name = Name { text: "RateLimit-Reset", lower: "ratelimit-reset" };
+const POLICY: Name = Name { text: "RateLimit-Policy", lower: "ratelimit-policy" };
+const RATELIMIT: Name = Name { text: "RateLimit", lower: "ratelimit" };
+const RETRY_AFTER: Name = Name { text: "Retry-After", lower: "retry-after" };
+
 /// Whole seconds a client should wait: rounded up, so a client that obeys never comes back early.
 pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
@@ -62,39 +75,38 @@ pub fn format<'a>(
     mode: HeaderMode,
     q: &Quota<'_>,
     policies: impl Iterator<Item = Policy<'a>>,
-    mut emit: impl FnMut(&'static str, &[u8]) -> Option<()>,
+    mut emit: impl FnMut(&'static Name, &[u8]) -> Option<()>,
 ) -> Option<()> {
     let reset = ceil_secs(q.reset_ms);
     let mut v = StackText::default();
     // Zone names are at most 64 characters, so the values always fit in a StackText.
-    let mut put = |name: &'static str, args: fmt::Arguments<'_>| {
-        v.clear();
-        v.write_fmt(args).ok()?;
-        emit(name, v.as_bytes())
-    };
+    let mut put = |name: &'static Name, value: &StackText| emit(name, value.get()?);
     match mode {
         HeaderMode::Off => {}
         HeaderMode::Legacy => {
-            put("RateLimit-Limit", format_args!("{}", q.limit))?;
-            put("RateLimit-Remaining", format_args!("{}", q.remaining))?;
-            put("RateLimit-Reset", format_args!("{reset}"))?;
+            put(&LIMIT, v.clear().num(q.limit))?;
+            put(&REMAINING, v.clear().num(q.remaining))?;
+            put(&RESET, v.clear().num(reset))?;
         }
         HeaderMode::Draft => {
             for p in policies {
+                v.clear().push(b"\"").push(p.zone.as_bytes()).push(b"\";q=");
                 if p.window_ms == 0 {
                     // A balance: no window, only an operator refills it.
-                    put("RateLimit-Policy", format_args!("\"{}\";q={}", p.zone, p.limit))?;
+                    v.num(p.limit);
                 } else {
                     let (quota, w) = policy_quota(p.limit, p.window_ms);
-                    put("RateLimit-Policy", format_args!("\"{}\";q={quota};w={w}", p.zone))?;
+                    v.num(quota).push(b";w=").num(w);
                 }
+                put(&POLICY, &v)?;
             }
-            put("RateLimit", format_args!("\"{}\";r={};t={reset}", q.zone, q.remaining))?;
+            v.clear().push(b"\"").push(q.zone.as_bytes()).push(b"\";r=").num(q.remaining);
+            put(&RATELIMIT, v.push(b";t=").num(reset))?;
         }
     }
     // No time readmits a request an empty balance rejected: no Retry-After to hammer on.
     if q.rejected && q.window_ms != 0 {
-        put("Retry-After", format_args!("{}", reset.max(1)))?;
+        put(&RETRY_AFTER, v.clear().num(reset.max(1)))?;
     }
     Some(())
 }
@@ -115,7 +127,8 @@ mod tests {
     ) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         super::format(mode, q, policies.iter().copied(), |name, value| {
-            out.push((name, String::from_utf8(value.to_vec()).unwrap()));
+            assert_eq!(name.lower, name.text.to_ascii_lowercase());
+            out.push((name.text, String::from_utf8(value.to_vec()).unwrap()));
             Some(())
         })
         .unwrap();

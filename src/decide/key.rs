@@ -27,7 +27,7 @@ impl<'a> Key<'a> {
     }
 
     /// The key's bytes, in order.
-    pub fn parts(&self) -> [&[u8]; 4] {
+    pub fn parts(&self) -> [&'a [u8]; 4] {
         [self.prefix, self.zone, self.sep, self.value]
     }
 

@@ -18,4 +18,5 @@ pub mod quota;
 pub mod script;
 pub mod slots;
 pub mod status;
+pub mod table_key;
 pub mod text;

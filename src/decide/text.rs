@@ -1,7 +1,8 @@
-//! Formatting short values (header values, numbers for variables) on the stack: they are copied
-//! into the request's pool anyway, so a heap `String` in between is wasted work per request.
+//! Short values (header values, numbers for variables) assembled on the stack from bytes and
+//! integers: they are copied into the request's pool anyway, so a heap `String` in between is
+//! wasted work per request, and so is `core::fmt`'s machinery for a few decimal numbers.
 
-use core::fmt;
+use crate::codec::resp::fmt_u64;
 
 /// Long enough for a draft header with a 64-character zone name and three 20-digit numbers.
 const CAPACITY: usize = 160;
@@ -9,47 +10,72 @@ const CAPACITY: usize = 160;
 pub struct StackText {
     buf: [u8; CAPACITY],
     len: usize,
+    /// Something did not fit: the value is cut, and `get` refuses it.
+    overflow: bool,
 }
 
 impl Default for StackText {
     fn default() -> Self {
-        StackText { buf: [0; CAPACITY], len: 0 }
+        StackText { buf: [0; CAPACITY], len: 0, overflow: false }
     }
 }
 
 impl StackText {
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+    /// The value, unless something pushed since the last `clear` did not fit.
+    pub fn get(&self) -> Option<&[u8]> {
+        (!self.overflow).then_some(&self.buf[..self.len])
     }
 
-    pub fn clear(&mut self) {
-        self.len = 0;
+    pub fn clear(&mut self) -> &mut Self {
+        (self.len, self.overflow) = (0, false);
+        self
     }
-}
 
-impl fmt::Write for StackText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
+    pub fn push(&mut self, bytes: &[u8]) -> &mut Self {
+        let end = self.len + bytes.len();
         if end > CAPACITY {
-            return Err(fmt::Error);
+            self.overflow = true;
+        } else {
+            self.buf[self.len..end].copy_from_slice(bytes);
+            self.len = end;
         }
-        self.buf[self.len..end].copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
+        self
+    }
+
+    /// `n` in decimal.
+    pub fn num(&mut self, n: u64) -> &mut Self {
+        let mut digits = [0; 20];
+        self.push(fmt_u64(n, &mut digits))
+    }
+
+    /// `n` in decimal, zero-padded to at least `width` digits (at most 20).
+    pub fn num_padded(&mut self, n: u64, width: usize) -> &mut Self {
+        let mut digits = [0; 20];
+        let d = fmt_u64(n, &mut digits);
+        for _ in d.len()..width.min(20) {
+            self.push(b"0");
+        }
+        self.push(d)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::fmt::Write;
 
     #[test]
-    fn formats_and_refuses_overflow() {
+    fn writes_numbers_and_refuses_overflow() {
         let mut t = StackText::default();
-        write!(t, "\"{}\";r={};t={}", "x".repeat(64), u64::MAX, u64::MAX).unwrap();
-        assert_eq!(t.as_bytes().len(), 2 + 64 + 3 + 20 + 3 + 20);
+        t.push(b"\"").push(&[b'x'; 64]).push(b"\";r=").num(u64::MAX).push(b";t=").num(0);
+        assert_eq!(t.get().unwrap().len(), 2 + 64 + 3 + 20 + 3 + 1);
+        assert!(t.get().unwrap().ends_with(b"\";r=18446744073709551615;t=0"));
         t.clear();
-        assert!(write!(t, "{}", "y".repeat(CAPACITY + 1)).is_err());
+        t.num(12).push(b".").num_padded(7, 3).push(b"|").num_padded(1234, 3);
+        assert_eq!(t.get(), Some(&b"12.007|1234"[..]));
+        t.clear();
+        t.push(&[b'y'; CAPACITY]);
+        assert_eq!(t.get().map(<[u8]>::len), Some(CAPACITY));
+        t.push(b"z");
+        assert_eq!(t.get(), None);
     }
 }

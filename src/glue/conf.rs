@@ -21,6 +21,7 @@ use crate::decide::local_limit::LocalLimiter;
 use crate::decide::quota::Period;
 use crate::decide::script::Algorithm;
 use crate::decide::slots::Slots;
+use crate::decide::table_key::TableHead;
 use crate::glue::module::RateLimit;
 use crate::metrics::store::Cells;
 use crate::metrics::Metrics;
@@ -88,6 +89,8 @@ pub struct Zone {
     pub lease: Option<LeaseConf>,
     /// Where it was declared, for errors found once the whole `http{}` block is read.
     pub at: (String, ngx_uint_t),
+    /// Its keys' common head hashed for this worker's tables, on the first request.
+    pub table_head: OnceCell<TableHead>,
 }
 
 impl Zone {

@@ -3,11 +3,13 @@
 //! value, and a waiter tied to the request's event, which completion and deadline both post.
 
 use core::ffi::c_void;
-use core::ptr;
+use core::ops::{Deref, DerefMut};
+use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
     ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_complex_value,
-    ngx_http_complex_value_t, ngx_http_request_t, ngx_pnalloc, ngx_str_t, ngx_timeofday,
+    ngx_http_complex_value_t, ngx_http_request_t, ngx_palloc, ngx_pnalloc, ngx_str_t,
+    ngx_timeofday,
 };
 
 use crate::decide::key::{shorten, Key};
@@ -92,5 +94,56 @@ pub unsafe fn detach(waiter: &mut Waiter, ev: &mut ngx_event_t) {
     }
     if ev.posted() != 0 {
         ngx_delete_posted_event(ev);
+    }
+}
+
+/// A list of at most a fixed number of `T` in the request's pool, which frees it with the
+/// request: per-request lists (the request's zones) cost no heap allocation. `T: Copy`, so
+/// nothing is left to drop.
+pub struct PoolVec<T: Copy> {
+    ptr: NonNull<T>,
+    len: usize,
+    cap: usize,
+}
+
+impl<T: Copy> PoolVec<T> {
+    /// An empty list with no room, until `with_capacity`.
+    pub const fn new() -> Self {
+        PoolVec { ptr: NonNull::dangling(), len: 0, cap: 0 }
+    }
+
+    /// Room for `cap` items in `r`'s pool.
+    pub unsafe fn with_capacity(r: *mut ngx_http_request_t, cap: usize) -> Option<Self> {
+        // ngx_palloc aligns to NGX_ALIGNMENT, a machine word.
+        const { assert!(align_of::<T>() <= align_of::<usize>()) };
+        let ptr = NonNull::new(ngx_palloc((*r).pool, cap.max(1) * size_of::<T>()) as *mut T)?;
+        Some(PoolVec { ptr, len: 0, cap })
+    }
+
+    /// Adds `item`; false when the list is full.
+    pub fn push(&mut self, item: T) -> bool {
+        if self.len == self.cap {
+            return false;
+        }
+        // SAFETY: within the capacity allocated, and aligned.
+        unsafe { self.ptr.as_ptr().add(self.len).write(item) };
+        self.len += 1;
+        true
+    }
+}
+
+impl<T: Copy> Deref for PoolVec<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        // SAFETY: the first `len` items are written; a dangling pointer is valid for 0 items.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Copy> DerefMut for PoolVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as `deref`, and the list is borrowed mutably.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }

@@ -4,7 +4,6 @@
 //! Not cacheable, so the access log sees the final value; read from the main request's context,
 //! which survives internal redirects.
 
-use core::fmt::Write;
 use core::ptr::addr_of_mut;
 
 use ngx::ffi::{
@@ -80,8 +79,8 @@ unsafe extern "C" fn get(
         if ctx.asked_ms == 0 {
             return NGX_OK as ngx_int_t;
         }
-        let _ = write!(text, "{}.{:03}", ctx.asked_ms / 1000, ctx.asked_ms % 1000);
-        return copy(r, v, text.as_bytes());
+        text.num(ctx.asked_ms / 1000).push(b".").num_padded(ctx.asked_ms % 1000, 3);
+        return text.get().map_or(NGX_ERROR as ngx_int_t, |t| copy(r, v, t));
     }
     let Some((zone, limit, remaining, reset)) = quota_figures(ctx, mcf) else {
         return NGX_OK as ngx_int_t;
@@ -95,8 +94,8 @@ unsafe extern "C" fn get(
         REMAINING => remaining,
         _ => reset,
     };
-    let _ = write!(text, "{n}");
-    copy(r, v, text.as_bytes())
+    text.num(n);
+    text.get().map_or(NGX_ERROR as ngx_int_t, |t| copy(r, v, t))
 }
 
 /// `text` copied into the request's pool as the variable's value.

@@ -152,6 +152,14 @@ fn push(key: &[u8], said: Said) {
     });
 }
 
+/// Whether anything waits for [`drain`]: checked on every request, which mostly finds nothing.
+pub fn pending() -> bool {
+    PENDING.with(|p| {
+        let p = p.borrow();
+        p.all || p.unheard || !p.keys.is_empty()
+    })
+}
+
 /// Hands over what must be forgotten, once.
 pub fn drain(mut f: impl FnMut(Forget<'_>)) {
     let p = PENDING.with(|p| core::mem::take(&mut *p.borrow_mut()));
@@ -212,10 +220,13 @@ mod tests {
             });
             out
         };
+        assert!(!pending());
         forget(b"a");
         gone(b"b");
         present(b"c");
+        assert!(pending());
         assert_eq!(seen(), ["a", "-b", "+c"]);
+        assert!(!pending());
         assert!(seen().is_empty());
         forget(b"a");
         forget_all();
@@ -228,6 +239,10 @@ mod tests {
         // Lost tracking: nothing known to have changed, the keys heard before still listed.
         forget(b"a");
         unheard();
+        assert!(pending());
         assert_eq!(seen(), ["?", "a"]);
+        forget_all();
+        assert!(pending());
+        assert_eq!(seen(), ["*"]);
     }
 }

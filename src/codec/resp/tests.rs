@@ -310,3 +310,17 @@ fn an_endless_array_is_too_large() {
     buf.extend_from_slice(b"$5\r\n");
     assert_eq!(decode(&buf), Err(ProtocolError::TooLarge));
 }
+
+#[test]
+fn fmt_u64_writes_every_length() {
+    let mut digits = [0u8; 20];
+    let mut values = vec![0, 9, 10, 11, 99, 100, 101, 999, 1000, 12_345, u64::MAX, u64::MAX - 1];
+    let mut p = 1u64;
+    while let Some(next) = p.checked_mul(10) {
+        values.extend([p - 1, p, p + 1, next / 2 + 7]);
+        p = next;
+    }
+    for v in values {
+        assert_eq!(fmt_u64(v, &mut digits), v.to_string().as_bytes(), "{v}");
+    }
+}

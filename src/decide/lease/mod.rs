@@ -13,7 +13,9 @@
 //! worker's monotonic clock, and stops [`margin_ms`] early: nginx's cached clock can lag the real
 //! one by an event-loop iteration, and two machines' clocks may run at slightly different rates.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
+
+use crate::decide::table_key::{stored_key, stored_zone, ByHash, TableKey};
 
 #[cfg(test)]
 mod tests;
@@ -168,8 +170,10 @@ impl Held {
 }
 
 /// What this worker knows of one key of one zone.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
+    /// `TableKey::stored`: the zone and the whole Redis key.
+    key: Box<[u8]>,
     held: Option<Held>,
     /// Units asked for in the current measuring interval, which started at `from` and lasts
     /// `interval` (the reservation's life), and in the one before.
@@ -190,6 +194,21 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(key: &TableKey<'_>, now: u64, interval: u64, log: bool) -> Self {
+        Entry {
+            key: key.stored(),
+            held: None,
+            from: now,
+            interval,
+            now_units: 0,
+            last_units: 0,
+            log,
+            asking_until: 0,
+            touched: now,
+            wrote: false,
+        }
+    }
+
     /// Rolls the demand counters forward to `now`.
     fn roll(&mut self, now: u64) {
         let elapsed = now.saturating_sub(self.from);
@@ -207,10 +226,10 @@ impl Entry {
 }
 
 /// One zone of a request, as the table sees it.
+#[derive(Clone, Copy)]
 pub struct Ask<'a> {
-    pub zone: usize,
-    /// The parts of the whole Redis key.
-    pub key: [&'a [u8]; 4],
+    /// The zone and the whole Redis key, hashed once per request.
+    pub key: TableKey<'a>,
     pub cost: u64,
     pub figures: Figures,
 }
@@ -218,11 +237,9 @@ pub struct Ask<'a> {
 /// A bounded table of (zone, key) → reservation and demand, per worker. Keys beyond the bound
 /// are decided exactly: nothing is evicted, so no reservation is dropped to make room.
 pub struct Leases {
-    /// The zone index's bytes followed by the key, so lookups borrow one flat string. SipHash
-    /// because keys come from clients.
-    map: HashMap<Box<[u8]>, Entry>,
+    /// By the key's hash (keyed SipHash, `crate::decide::table_key`); the entry holds the key.
+    map: ByHash<Entry>,
     capacity: usize,
-    scratch: Vec<u8>,
     /// Expired reservations met by [`Leases::want`], to give back before the decision that asks
     /// for the next one: in the same call, ahead of it, a `gcra` give-back still finds the TAT
     /// it left.
@@ -239,10 +256,9 @@ pub struct Leases {
 impl Leases {
     pub fn new(capacity: usize, lag_ms: u64) -> Self {
         Leases {
-            map: HashMap::new(),
+            map: ByHash::default(),
             capacity: capacity.max(1),
             lag_ms,
-            scratch: Vec::new(),
             back: Vec::new(),
             unverified: false,
             verify_at: 0,
@@ -257,29 +273,31 @@ impl Leases {
         self.map.is_empty()
     }
 
-    fn slot(&mut self, zone: usize, key: &[&[u8]]) -> &[u8] {
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&zone.to_ne_bytes());
-        key.iter().for_each(|p| self.scratch.extend_from_slice(p));
-        &self.scratch
+    fn entry(&mut self, key: &TableKey<'_>) -> Option<&mut Entry> {
+        self.map.get_mut(&key.hash).filter(|e| key.is(&e.key))
     }
 
     /// Spends `cost` units of each zone's reservation if every zone has them, and nothing
     /// otherwise (a request is admitted by all its zones or goes to Redis). Returns the zone
     /// with the least left, as after a Redis decision: its index, remaining units and reset in
-    /// ms, for the headers.
-    pub fn try_spend(&mut self, asks: &[Ask<'_>], now: u64) -> Option<(usize, u64, u64)> {
-        for a in asks {
-            self.slot(a.zone, &a.key);
-            let h = self.map.get(self.scratch.as_slice())?.held.as_ref()?;
+    /// ms, for the headers. `asks` is gone through twice, so it is an iterator the caller
+    /// need not collect.
+    pub fn try_spend<'k>(
+        &mut self,
+        asks: impl IntoIterator<Item = Ask<'k>, IntoIter: Clone>,
+        now: u64,
+    ) -> Option<(usize, u64, u64)> {
+        let asks = asks.into_iter();
+        for a in asks.clone() {
+            let h = self.entry(&a.key)?.held.as_ref()?;
             if h.left() < a.cost || now >= h.until || h.figures != a.figures || h.suspect {
                 return None;
             }
         }
         let mut out: Option<(usize, u64, u64)> = None;
-        for (i, a) in asks.iter().enumerate() {
-            self.slot(a.zone, &a.key);
-            let e = self.map.get_mut(self.scratch.as_slice())?;
+        for (i, a) in asks.enumerate() {
+            // The first pass found the key at its hash, and nothing has changed since.
+            let e = self.map.get_mut(&a.key.hash)?;
             e.roll(now);
             e.now_units += a.cost;
             e.touched = now;
@@ -310,25 +328,12 @@ impl Leases {
     ) -> u64 {
         let interval = life_ms.max(1);
         let full = self.map.len() >= self.capacity;
-        self.slot(ask.zone, &ask.key);
-        let e = match self.map.get_mut(self.scratch.as_slice()) {
-            Some(e) => e,
-            None if full => return 0,
-            None => {
-                let key: Box<[u8]> = self.scratch.as_slice().into();
-                let entry = Entry {
-                    held: None,
-                    from: now,
-                    interval,
-                    now_units: 0,
-                    last_units: 0,
-                    log,
-                    asking_until: 0,
-                    touched: now,
-                    wrote: false,
-                };
-                self.map.entry(key).or_insert(entry)
-            }
+        let e = match self.map.entry(ask.key.hash) {
+            Slot::Occupied(o) if ask.key.is(&o.get().key) => o.into_mut(),
+            // Another key with the same hash has the place: this one is decided exactly.
+            Slot::Occupied(_) => return 0,
+            Slot::Vacant(_) if full => return 0,
+            Slot::Vacant(v) => v.insert(Entry::new(&ask.key, now, interval, log)),
         };
         e.interval = interval;
         e.touched = now;
@@ -346,7 +351,7 @@ impl Leases {
                 return 0;
             }
             // Over, or for other figures: back first, in the same call as the next ask.
-            self.back.extend(h.give_back(ask.zone, &flat_key(&self.scratch), log));
+            self.back.extend(h.give_back(ask.key.zone, stored_key(&e.key), log));
             e.held = None;
         }
         let want = match size {
@@ -364,8 +369,7 @@ impl Leases {
     /// Redis answered a decision of this zone's key (granted or not): the next request may ask
     /// again, and the change Redis tells of next is most likely this decision's write.
     pub fn answered(&mut self, ask: &Ask<'_>) {
-        self.slot(ask.zone, &ask.key);
-        if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
+        if let Some(e) = self.entry(&ask.key) {
             (e.asking_until, e.wrote) = (0, true);
         }
     }
@@ -388,29 +392,20 @@ impl Leases {
             return None;
         }
         let full = self.map.len() >= self.capacity;
-        self.slot(ask.zone, &ask.key);
-        let key = self.scratch.clone();
-        if full && !self.map.contains_key(key.as_slice()) {
-            // Not kept: given back at once.
-            let held = held(grant, 0, ask.figures, remaining, started, reset_ms);
-            return held.give_back(ask.zone, &flat_key(&key), log);
-        }
-        let interval = grant.life_ms;
-        let e = self.map.entry(key.clone().into_boxed_slice()).or_insert(Entry {
-            held: None,
-            from: started,
-            interval,
-            now_units: 0,
-            last_units: 0,
-            log,
-            asking_until: 0,
-            touched: started,
-            wrote: false,
-        });
+        let e = match self.map.entry(ask.key.hash) {
+            Slot::Occupied(o) if ask.key.is(&o.get().key) => o.into_mut(),
+            Slot::Vacant(v) if !full => v.insert(Entry::new(&ask.key, started, grant.life_ms, log)),
+            // Not kept (the table is full, or another key with the same hash has the place):
+            // given back at once.
+            _ => {
+                let held = held(grant, 0, ask.figures, remaining, started, reset_ms);
+                return held.give_back(ask.key.zone, &ask.key.key(), log);
+            }
+        };
         // The handler has just renewed the key's tracking, after this decision's write.
         (e.asking_until, e.wrote) = (0, false);
         let old = e.held.replace(held(grant, margin, ask.figures, remaining, started, reset_ms));
-        old.and_then(|h| h.give_back(ask.zone, &flat_key(&key), log))
+        old.and_then(|h| h.give_back(ask.key.zone, stored_key(&e.key), log))
     }
 
     /// Reservations whose time is up give back what is left; checks Redis has not answered
@@ -419,9 +414,9 @@ impl Leases {
     pub fn sweep(&mut self, now: u64, timeout_ms: u64) -> Vec<GiveBack> {
         let mut out = Vec::new();
         let mut unverified = false;
-        self.map.retain(|k, e| {
+        self.map.retain(|_, e| {
             if let Some(h) = e.held.filter(|h| now >= h.until) {
-                out.extend(h.give_back(zone_of(k), &flat_key(k), e.log));
+                out.extend(h.give_back(stored_zone(&e.key), stored_key(&e.key), e.log));
                 e.held = None;
             }
             if let Some(h) = e.held.as_mut() {
@@ -444,8 +439,10 @@ impl Leases {
     pub fn drain(&mut self) -> Vec<GiveBack> {
         let out = self
             .map
-            .iter()
-            .filter_map(|(k, e)| e.held.and_then(|h| h.give_back(zone_of(k), &flat_key(k), e.log)))
+            .values()
+            .filter_map(|e| {
+                e.held.and_then(|h| h.give_back(stored_zone(&e.key), stored_key(&e.key), e.log))
+            })
             .collect();
         self.map.clear();
         out
@@ -478,16 +475,4 @@ fn held(
         checking_since: 0,
         recheck: false,
     }
-}
-
-const ZONE_LEN: usize = core::mem::size_of::<usize>();
-
-fn zone_of(slot: &[u8]) -> usize {
-    let mut b = [0u8; ZONE_LEN];
-    b.copy_from_slice(&slot[..ZONE_LEN]);
-    usize::from_ne_bytes(b)
-}
-
-fn flat_key(slot: &[u8]) -> Vec<u8> {
-    slot[ZONE_LEN..].to_vec()
 }

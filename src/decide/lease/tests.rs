@@ -4,15 +4,18 @@ use super::*;
 
 impl Leases {
     fn held_mut(&mut self, key: &[u8]) -> Option<&mut Held> {
-        self.slot(0, &[key]);
-        self.map.get_mut(self.scratch.as_slice())?.held.as_mut()
+        self.entry(&TableKey::new(0, &[key]))?.held.as_mut()
     }
 }
 
 const F: Figures = Figures { limit: 100, window_ms: 60_000 };
 
 fn ask(key: &[u8], cost: u64) -> Ask<'_> {
-    Ask { zone: 0, key: [b"rl:", b"api", b":", key], cost, figures: F }
+    ask_in(0, key, cost)
+}
+
+fn ask_in(zone: usize, key: &[u8], cost: u64) -> Ask<'_> {
+    Ask { key: TableKey::new(zone, &[b"rl:", b"api", b":", key]), cost, figures: F }
 }
 
 fn grant(units: u64) -> Grant {
@@ -57,18 +60,18 @@ fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
 fn spends_locally_until_spent_or_expired_with_the_margin() {
     let mut l = Leases::new(10, 0);
     let a = ask(b"k", 2);
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 0), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 0), None);
     assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false), None);
-    assert_eq!(l.try_spend(&[ask(b"k", 2)], 150), Some((0, 43, 2950)));
-    assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), Some((0, 41, 2900)));
+    assert_eq!(l.try_spend([ask(b"k", 2)], 150), Some((0, 43, 2950)));
+    assert_eq!(l.try_spend([ask(b"k", 2)], 200), Some((0, 41, 2900)));
     // One left: a request of two goes to Redis, one of one spends it.
-    assert_eq!(l.try_spend(&[ask(b"k", 2)], 200), None);
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), Some((0, 40, 2900)));
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+    assert_eq!(l.try_spend([ask(b"k", 2)], 200), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 200), Some((0, 40, 2900)));
+    assert_eq!(l.try_spend([ask(b"k", 1)], 200), None);
     // Expiry: life 1000 from the start at 100, less a 20 ms margin.
     l.granted(&a, grant(5), 1000, 40, 0, false);
-    assert!(l.try_spend(&[ask(b"k", 1)], 1979).is_some());
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 1980), None);
+    assert!(l.try_spend([ask(b"k", 1)], 1979).is_some());
+    assert_eq!(l.try_spend([ask(b"k", 1)], 1980), None);
 }
 
 #[test]
@@ -76,25 +79,25 @@ fn a_clock_updated_by_timer_resolution_stops_spending_that_much_earlier() {
     let mut l = Leases::new(10, 100);
     l.granted(&ask(b"k", 1), grant(5), 1000, 40, 0, false);
     // Life 1000 less the 20 ms margin and the 100 ms the clock may lag.
-    assert!(l.try_spend(&[ask(b"k", 1)], 1879).is_some());
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 1880), None);
+    assert!(l.try_spend([ask(b"k", 1)], 1879).is_some());
+    assert_eq!(l.try_spend([ask(b"k", 1)], 1880), None);
     // A life no longer than both is not kept: it is not spendable at all.
     let short = Grant { life_ms: 110, ..grant(5) };
     assert_eq!(l.granted(&ask(b"j", 1), short, 2000, 40, 0, false), None);
-    assert_eq!(l.try_spend(&[ask(b"j", 1)], 2000), None);
+    assert_eq!(l.try_spend([ask(b"j", 1)], 2000), None);
 }
 
 #[test]
 fn a_request_spends_from_every_zone_or_from_none() {
     let mut l = Leases::new(10, 0);
-    let b = Ask { zone: 1, ..ask(b"k", 1) };
+    let b = ask_in(1, b"k", 1);
     l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
-    assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
+    assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
     l.granted(&b, grant(1), 0, 0, 0, false);
     // Zone 1 has the least left: it describes the request.
-    assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), Some((1, 0, 0)));
+    assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), Some((1, 0, 0)));
     // Zone 1 is spent: zone 0 keeps its two.
-    assert_eq!(l.try_spend(&[ask(b"k", 1), Ask { zone: 1, ..ask(b"k", 1) }], 10), None);
+    assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
     assert_eq!(l.drain().iter().map(|g| g.units).sum::<u64>(), 2);
 }
 
@@ -103,7 +106,7 @@ fn other_figures_are_not_served_from_a_reservation() {
     let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
     let other = Ask { figures: Figures { limit: 50, window_ms: 60_000 }, ..ask(b"k", 1) };
-    assert_eq!(l.try_spend(&[other], 10), None);
+    assert_eq!(l.try_spend([other], 10), None);
 }
 
 #[test]
@@ -111,8 +114,8 @@ fn what_is_left_goes_back_at_expiry_replacement_and_drain() {
     let mut l = Leases::new(10, 0);
     let a = ask(b"k", 1);
     l.granted(&a, grant(5), 0, 0, 0, true);
-    l.try_spend(&[ask(b"k", 1)], 10).unwrap();
-    l.try_spend(&[ask(b"k", 1)], 10).unwrap();
+    l.try_spend([ask(b"k", 1)], 10).unwrap();
+    l.try_spend([ask(b"k", 1)], 10).unwrap();
     assert_eq!(l.sweep(500, 500), vec![]);
     let back = l.sweep(980, 500);
     // The log names the unspent members: the token plus the two spent.
@@ -149,21 +152,21 @@ fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_ou
     let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     assert!(l.changed(3, KEY, 0), "the key's tracking to renew");
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None, "someone else's change: stopped");
+    assert_eq!(l.try_spend([ask(b"k", 1)], 10), None, "someone else's change: stopped");
     let c = check_of(&mut l, false);
     assert_eq!((c.zone, c.rid), (0, 7));
     assert!(l.checks(3, KEY, false, 0).is_empty(), "one check at a time");
     // Still of the key's life.
     assert!(!l.checked(KEY, c, Some(true), 0));
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some());
     // Redis answered this worker's own decision of the key: its write is the change told of.
     l.answered(&ask(b"k", 5));
     assert!(l.changed(3, KEY, 10));
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "spent during that check");
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "spent during that check");
     let c = check_of(&mut l, false);
     // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
     assert!(!l.checked(KEY, c, Some(false), 0));
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 10), None);
     assert_eq!(l.drain(), vec![]);
 }
 
@@ -173,13 +176,13 @@ fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.changed(3, KEY, 0);
     let c = check_of(&mut l, true);
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 10), None);
     // Granted since the reset (a stale "gone"): its rid says so, and it is spent again.
     assert!(!l.checked(KEY, c, Some(true), 0));
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some());
     // Found gone by another's EXISTS, no check on its way: checked too.
     let c = check_of(&mut l, true);
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 10), None);
     assert!(!l.checked(KEY, c, Some(false), 0));
     assert_eq!(l.drain(), vec![]);
 }
@@ -194,7 +197,7 @@ fn a_change_heard_during_a_check_is_checked_after_it() {
     assert!(l.checked(KEY, first, Some(true), 0), "checked again: the tracking to renew");
     let again = check_of(&mut l, false);
     assert!(!l.checked(KEY, again, Some(false), 0), "that check finds a reset");
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 10), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 10), None);
 }
 
 #[test]
@@ -207,12 +210,12 @@ fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() 
     l.held_mut(KEY).unwrap().spent = 5;
     l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
     assert!(!l.checked(KEY, old, Some(false), 0));
-    assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
+    assert!(l.try_spend([ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
     // No answer (Redis silent): spent while Redis cannot be asked, checked again later.
     l.changed(3, KEY, 0);
     let c = check_of(&mut l, true);
     assert!(!l.checked(KEY, c, None, 0));
-    assert!(l.try_spend(&[ask(b"k", 1)], 30).is_some());
+    assert!(l.try_spend([ask(b"k", 1)], 30).is_some());
     assert_eq!(l.sweep(1000, 500).iter().map(|g| (g.units, g.rid)).collect::<Vec<_>>(), [(3, 8)]);
 }
 
@@ -222,12 +225,12 @@ fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     assert!(l.changed(3, KEY, 100));
     let _ = l.checks(3, KEY, true, 100);
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 200), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 200), None);
     // The check unanswered for the whole timeout (300 ms): Redis is silent.
     assert_eq!(l.sweep(399, 300), vec![]);
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 399), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 399), None);
     assert_eq!(l.sweep(400, 300), vec![]);
-    assert!(l.try_spend(&[ask(b"k", 1)], 400).is_some(), "spent while Redis is silent");
+    assert!(l.try_spend([ask(b"k", 1)], 400).is_some(), "spent while Redis is silent");
     // Tried again, spent meanwhile; at most once a second.
     let mut tracked = 0;
     l.verify_unverified(400, |_| {
@@ -236,10 +239,10 @@ fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
     });
     l.verify_unverified(900, |_| panic!("not within a second"));
     assert_eq!(tracked, 1);
-    assert!(l.try_spend(&[ask(b"k", 1)], 450).is_some(), "a check in the background");
+    assert!(l.try_spend([ask(b"k", 1)], 450).is_some(), "a check in the background");
     let c = check_of(&mut l, false);
     assert!(!l.checked(KEY, c, Some(false), 460), "Redis back: the reservation was reset");
-    assert_eq!(l.try_spend(&[ask(b"k", 1)], 470), None);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 470), None);
 }
 
 #[test]
@@ -247,19 +250,19 @@ fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
     let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.unverify_all();
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
     l.verify_unverified(0, |_| false);
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "still no tracking");
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "still no tracking");
     let mut tracked = Vec::new();
     l.verify_unverified(1000, |k| {
         tracked.push(k.to_vec());
         true
     });
     assert_eq!(tracked, [KEY.to_vec()]);
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some(), "tracked again: checked meanwhile");
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "tracked again: checked meanwhile");
     let c = check_of(&mut l, false);
     assert!(!l.checked(KEY, c, Some(true), 0));
-    assert!(l.try_spend(&[ask(b"k", 1)], 10).is_some());
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some());
     l.verify_unverified(5000, |_| panic!("nothing left to check"));
 }
 

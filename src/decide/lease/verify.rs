@@ -2,15 +2,15 @@
 //! the spending of its reservations until a check by rid says they are still of the key's life;
 //! lost tracking leaves them spendable until they can be checked again.
 
-use super::{Check, Checking, Leases, RECHECK_MS, ZONE_LEN};
+use super::{Check, Checking, Leases, RECHECK_MS};
+use crate::decide::table_key::{stored_key, TableKey};
 
 impl Leases {
     /// Reservations of `key` (a whole Redis key) in any of `zones` zones are dropped, nothing
     /// given back: whether they are still of the key's life cannot be checked.
     pub fn revoke(&mut self, zones: usize, key: &[u8]) {
         for zone in 0..zones {
-            self.slot(zone, &[key]);
-            if let Some(e) = self.map.get_mut(self.scratch.as_slice()) {
+            if let Some(e) = self.entry(&TableKey::new(zone, &[key])) {
                 e.held = None;
             }
         }
@@ -29,8 +29,7 @@ impl Leases {
     pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
         let mut track = false;
         for zone in 0..zones {
-            self.slot(zone, &[key]);
-            let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { continue };
+            let Some(e) = self.entry(&TableKey::new(zone, &[key])) else { continue };
             let own = core::mem::take(&mut e.wrote);
             let Some(h) = e.held.as_mut() else { continue };
             if h.checking == Checking::No {
@@ -50,8 +49,7 @@ impl Leases {
     pub fn checks(&mut self, zones: usize, key: &[u8], gone: bool, now: u64) -> Vec<Check> {
         let mut out = Vec::new();
         for zone in 0..zones {
-            self.slot(zone, &[key]);
-            let Some(h) = self.map.get_mut(self.scratch.as_slice()).and_then(|e| e.held.as_mut())
+            let Some(h) = self.entry(&TableKey::new(zone, &[key])).and_then(|e| e.held.as_mut())
             else {
                 continue;
             };
@@ -70,8 +68,7 @@ impl Leases {
     /// Returns whether the key's tracking is to be renewed for the check again that a change
     /// heard meanwhile asks for.
     pub fn checked(&mut self, key: &[u8], c: Check, present: Option<bool>, now: u64) -> bool {
-        self.slot(c.zone, &[key]);
-        let Some(e) = self.map.get_mut(self.scratch.as_slice()) else { return false };
+        let Some(e) = self.entry(&TableKey::new(c.zone, &[key])) else { return false };
         let Some(h) = e.held.as_mut().filter(|h| h.grant.rid == c.rid) else { return false };
         if h.checking != Checking::Rid {
             return false;
@@ -98,11 +95,11 @@ impl Leases {
     /// was found gone, not spent until then, starting with its key's tracking (`track`); one
     /// whose tracking cannot be had goes.
     pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
-        for (k, e) in self.map.iter_mut() {
+        for e in self.map.values_mut() {
             let Some(h) = e.held.as_mut() else { continue };
             if h.checking != Checking::No {
                 h.recheck = true;
-            } else if track(&k[ZONE_LEN..]) {
+            } else if track(stored_key(&e.key)) {
                 (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
             } else {
                 e.held = None;
@@ -130,12 +127,12 @@ impl Leases {
         }
         self.verify_at = now + RECHECK_MS;
         let mut left = false;
-        for (k, e) in self.map.iter_mut() {
+        for e in self.map.values_mut() {
             let Some(h) = e.held.as_mut().filter(|h| h.unverified && h.checking == Checking::No)
             else {
                 continue;
             };
-            if track(&k[ZONE_LEN..]) {
+            if track(stored_key(&e.key)) {
                 (h.checking, h.checking_since) = (Checking::Tracking, now);
             } else {
                 left = true;

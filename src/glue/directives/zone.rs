@@ -1,6 +1,7 @@
 //! `ratelimit_zone`: a zone's key, figures, algorithm and options, checked together, into
 //! `crate::glue::conf::Zone`.
 
+use core::cell::OnceCell;
 use core::ffi::{c_char, c_void};
 
 use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
@@ -295,6 +296,7 @@ pub(super) unsafe extern "C" fn cmd_zone(
         member,
         lease,
         at: (text(&(*(*cf).conf_file).file.name).to_owned(), (*(*cf).conf_file).line),
+        table_head: OnceCell::new(),
     });
     NGX_CONF_OK
 }

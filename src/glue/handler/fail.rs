@@ -66,7 +66,7 @@ pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure:
 /// was enforced. `None` when a key is new and the table is full of counters that still count.
 unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option<Status> {
     let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
-    for z in &mut ctx.zones {
+    for z in ctx.zones.iter_mut() {
         z.limit = (z.limit / share).max(1);
     }
     let conc = |z: &ZoneReq| mcf.zones[z.zone].concurrency();

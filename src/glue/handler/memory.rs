@@ -5,10 +5,11 @@
 use ngx::ffi::ngx_current_msec;
 
 use crate::decide::deny_cache::{Denial, DenyCache, UNTIL_CHANGED};
-use crate::decide::lease::{Ask, Leases};
+use crate::decide::lease::Leases;
 use crate::decide::script::{Algorithm, Decision};
 use crate::decide::slots::Slots;
 use crate::decide::status::Status;
+use crate::decide::table_key::TableKey;
 use crate::glue::conf::{timer_resolution, MainConf};
 use crate::glue::giveback;
 use crate::metrics::{LeaseEvent, SlotEvent};
@@ -34,7 +35,7 @@ pub(super) unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool
     let (now, entries) = (ngx_current_msec as u64, cache.len());
     for (i, z) in ctx.zones.iter().enumerate() {
         let Some(key) = z.cached_key() else { continue };
-        if let Some(hit) = cache.check(z.zone, &key, z.cost, z.limit, z.window_ms, now) {
+        if let Some(hit) = cache.check(key, z.cost, z.limit, z.window_ms, now) {
             if ctx.quota.is_none_or(|(_, _, longest)| hit.left_ms > longest) {
                 ctx.quota = Some((i, hit.remaining, hit.left_ms));
             }
@@ -53,6 +54,9 @@ pub(super) unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool
 /// key found gone, or a flush, stops their spending until then. Lost tracking leaves
 /// reservations spendable until it can be had again, and then checks them.
 pub(super) fn hear_changes(mcf: &MainConf) {
+    if !invalidation::pending() {
+        return;
+    }
     let (mut cache, mut leases) = (mcf.deny_cache.borrow_mut(), mcf.leases.borrow_mut());
     let entries = cache.as_ref().map_or(0, |c| c.len());
     let zones = mcf.zones.len();
@@ -65,7 +69,7 @@ pub(super) fn hear_changes(mcf: &MainConf) {
             match f {
                 Forget::All | Forget::Unheard => cache.clear(),
                 Forget::Key(key) | Forget::Gone(key) => {
-                    (0..zones).for_each(|zone| cache.forget(zone, &[key]))
+                    (0..zones).for_each(|zone| cache.forget(&TableKey::new(zone, &[key])))
                 }
                 Forget::Present(_) => {}
             }
@@ -112,8 +116,7 @@ pub(super) unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -
     // reservations of other requests in it, scored up to their end, have left the window.
     let mixed = !ctx.zones.iter().all(|z| mcf.zones[z.zone].lease.is_some());
     if !mixed {
-        let asks: Vec<Ask<'_>> = ctx.zones.iter().map(ZoneReq::ask).collect();
-        if let Some(deciding) = leases.try_spend(&asks, now) {
+        if let Some(deciding) = leases.try_spend(ctx.zones.iter().map(ZoneReq::ask), now) {
             ctx.quota = Some(deciding);
             ctx.status = Status::PassedLease;
             return true;
@@ -227,13 +230,13 @@ pub(super) fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
             };
             // Not tracked yet (the tracker is connecting) or not at all (refused): a change
             // would go unheard, so it is answered from memory briefly only.
-            let kept_until_ms = match pool.track(&key) {
+            let kept_until_ms = match pool.track(&key.parts) {
                 true => until_ms,
                 false => ctx.started as u64 + UNTRACKED_DENIAL_MS,
             };
             let (cost, limit, window_ms, remaining) = (z.cost, z.limit, z.window_ms, v.remaining);
             let denial = Denial { until_ms, kept_until_ms, cost, limit, window_ms, remaining };
-            cache.insert(z.zone, &key, denial);
+            cache.insert(key, denial);
         }
     }
     mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);

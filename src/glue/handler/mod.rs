@@ -7,12 +7,11 @@
 use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 
-use ngx::core::Pool;
 use ngx::ffi::{
     ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
     ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t, ngx_http_request_t,
     ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_int_t, ngx_msec_t,
-    ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    ngx_palloc, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -24,10 +23,11 @@ use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
+use crate::decide::table_key::{TableHead, TableKey};
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
 use crate::glue::giveback;
 use crate::glue::module::RateLimit;
-use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key};
+use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key, PoolVec};
 use crate::redis::conf::RedisConf;
 use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
@@ -61,8 +61,8 @@ pub struct Ctx {
     started: ngx_msec_t,
     /// The same instant on the wall clock, in ms: `$ratelimit_time`.
     pub asked_ms: u64,
-    /// The zones that decide this request, in script order.
-    zones: Vec<ZoneReq>,
+    /// The zones that decide this request, in script order, in the request's pool.
+    zones: PoolVec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
@@ -79,11 +79,14 @@ pub struct Ctx {
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
+#[derive(Clone, Copy)]
 pub struct ZoneReq {
     /// Index into the main conf's zones.
     pub zone: usize,
     /// Borrows the configuration and the request's pool, which both outlive the context.
     key: Key<'static>,
+    /// The key as the deny cache and the reservations find it, hashed once.
+    table_key: TableKey<'static>,
     pub limit: u64,
     pub window_ms: u64,
     cost: u64,
@@ -100,8 +103,8 @@ impl ZoneReq {
 
     /// The key as the deny cache knows it, the whole Redis key as Redis names it in its
     /// invalidations: short values only.
-    fn cached_key(&self) -> Option<[&[u8]; 4]> {
-        Some(self.key.parts()).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
+    fn cached_key(&self) -> Option<&TableKey<'static>> {
+        Some(&self.table_key).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
     }
 
     fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
@@ -127,7 +130,7 @@ impl ZoneReq {
 
     fn ask(&self) -> Ask<'_> {
         let figures = Figures { limit: self.limit, window_ms: self.window_ms };
-        Ask { zone: self.zone, key: self.key.parts(), cost: self.cost, figures }
+        Ask { key: self.table_key, cost: self.cost, figures }
     }
 }
 
@@ -162,6 +165,10 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
     ctx.started = ngx_current_msec;
     ctx.asked_ms = wall_ms();
+    let Some(zones) = PoolVec::with_capacity(r, lcf.limits().len()) else {
+        return NGX_ERROR as ngx_int_t;
+    };
+    ctx.zones = zones;
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
@@ -203,8 +210,12 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             },
             None => None,
         };
-        let z =
-            ZoneReq { zone: limit.zone, key, limit: limit_n, window_ms, cost, member, lease: None };
+        let i = limit.zone;
+        let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
+        let table_key = head.key(key.parts());
+        let (limit, lease) = (limit_n, None);
+        let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease };
+        // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
         if cost > capacity {
@@ -239,6 +250,9 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         return apply(ctx, lcf, mcf);
     }
 
+    if !cleanup_at_end(ctx) {
+        return NGX_ERROR as ngx_int_t;
+    }
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
@@ -313,8 +327,10 @@ unsafe fn param(
 }
 
 unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
-    let pool = Pool::from_ngx_pool((*r).pool);
-    let ctx = NonNull::new(pool.allocate(Ctx {
+    // ngx_palloc aligns to NGX_ALIGNMENT, a machine word.
+    const { assert!(align_of::<Ctx>() <= align_of::<usize>()) };
+    let ctx = NonNull::new(ngx_palloc((*r).pool, size_of::<Ctx>()) as *mut Ctx)?;
+    ctx.as_ptr().write(Ctx {
         r,
         status: Status::Pending,
         applied: false,
@@ -324,29 +340,41 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         retries: Retries::default(),
         started: 0,
         asked_ms: 0,
-        zones: Vec::new(),
+        zones: PoolVec::new(),
         beyond_capacity: false,
         quota: None,
         slots: Vec::new(),
         local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
-    }))?;
-    // The request's cleanup detaches from Redis as soon as the request ends or is terminated;
-    // the pool's runs again (harmlessly) after the access log and anchors the context for
-    // `find_ctx`: `ngx_http_free_request` empties `r->cleanup` before the log phase.
-    let cln = ngx_http_cleanup_add(r, 0);
+    });
+    // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
+    // context, and anchors it for `find_ctx`; a request that goes to Redis runs `cleanup`
+    // sooner as well (`cleanup_at_end`).
     let anchor = ngx_pool_cleanup_add((*r).pool, 0);
-    if cln.is_null() || anchor.is_null() {
+    if anchor.is_null() {
+        ptr::drop_in_place(ctx.as_ptr());
         return None;
     }
-    (*cln).handler = Some(cleanup);
-    (*cln).data = ctx.as_ptr() as *mut c_void;
-    (*anchor).handler = Some(cleanup);
+    (*anchor).handler = Some(release);
     (*anchor).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     attach(&mut c.waiter, &mut c.ev, on_event, r);
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
     Some(ctx)
+}
+
+/// Has `cleanup` detach from Redis and release the request's slots as soon as the request ends
+/// or is terminated, before the access log (`ngx_http_free_request` runs `r->cleanup` first):
+/// for a request that waits for Redis or may hold slots. One answered from this worker's memory
+/// holds nothing, and its pool's `release` is enough.
+unsafe fn cleanup_at_end(ctx: &mut Ctx) -> bool {
+    let cln = ngx_http_cleanup_add(ctx.r, 0);
+    if cln.is_null() {
+        return false;
+    }
+    (*cln).handler = Some(cleanup);
+    (*cln).data = ptr::from_mut(ctx) as *mut c_void;
+    true
 }
 
 /// The main request's context, also after an internal redirect has cleared `r->ctx`.
@@ -359,7 +387,7 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     let mut cln = (*(*r).pool).cleanup;
     while !cln.is_null() {
         // Both sides name the same function of this crate, taken in this file.
-        if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, cleanup as unsafe extern "C" fn(_))) {
+        if (*cln).handler.is_some_and(|h| ptr::fn_addr_eq(h, release as unsafe extern "C" fn(_))) {
             *slot = (*cln).data;
             return NonNull::new((*cln).data as *mut Ctx);
         }
@@ -368,11 +396,19 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     None
 }
 
+/// The request's pool is destroyed: `cleanup` once more, then the context's own drop (its
+/// pending reply, its encoded arguments), in the one pool cleanup a request adds.
+unsafe extern "C" fn release(data: *mut c_void) {
+    cleanup(data);
+    ptr::drop_in_place(data as *mut Ctx);
+}
+
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at
-/// once and releases the request's concurrency slots. `ngx_http_free_request` runs it for every
-/// main request, aborted ones and reset HTTP/2 streams included, just before the access log
-/// (after a lingering close, if there is one). The context itself stays readable for the
-/// access log. Idempotent: it runs twice.
+/// once and releases the request's concurrency slots. For a request that went to Redis
+/// (`cleanup_at_end`), `ngx_http_free_request` runs it for every main request, aborted ones and
+/// reset HTTP/2 streams included, just before the access log (after a lingering close, if there
+/// is one); for every request, the pool's `release` runs it after the log. The context itself
+/// stays readable for the access log. Idempotent: it may run twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
     if let Some(token) = ctx.waiter.token.take() {

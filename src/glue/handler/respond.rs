@@ -9,7 +9,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
-use crate::decide::headers::{self, Policy, Quota};
+use crate::decide::headers::{self, Name, Policy, Quota};
 use crate::decide::script::Algorithm;
 use crate::decide::status::Status;
 use crate::glue::conf::{LocConf, MainConf};
@@ -105,7 +105,7 @@ fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
 }
 
 /// Adds a response header; it is sent with an allowed response and with the rejection alike.
-unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static str, value: &[u8]) -> Option<()> {
+unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static Name, value: &[u8]) -> Option<()> {
     let h = ngx_list_push(&mut (*r).headers_out.headers) as *mut ngx_table_elt_t;
     if h.is_null() {
         return None;
@@ -113,17 +113,17 @@ unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static str, value: &[u8
     // Zeroed first: newer nginx versions chain headers through fields older ones lack.
     ptr::write_bytes(h, 0, 1);
     let pool = (*r).pool;
-    let data = ngx_pnalloc(pool, value.len() + name.len()) as *mut u8;
+    let (text, lower) = (name.text, name.lower);
+    let data = ngx_pnalloc(pool, value.len() + lower.len()) as *mut u8;
     if data.is_null() {
         return None;
     }
     ptr::copy_nonoverlapping(value.as_ptr(), data, value.len());
+    // Copied from the name's written-out lower case, not lowered byte by byte per request.
     let lowcase = data.add(value.len());
-    for (i, b) in name.bytes().enumerate() {
-        *lowcase.add(i) = b.to_ascii_lowercase();
-    }
+    ptr::copy_nonoverlapping(lower.as_ptr(), lowcase, lower.len());
     (*h).hash = 1;
-    (*h).key = ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 };
+    (*h).key = ngx_str_t { len: text.len(), data: text.as_ptr() as *mut u8 };
     (*h).value = ngx_str_t { len: value.len(), data };
     (*h).lowcase_key = lowcase;
     Some(())
