@@ -125,6 +125,13 @@ redis_cmd('ACL', 'DELUSER', 'lim');
     is("@st", 'PASSED PASSED REJECTED', 'no tracking: still exact');
     Time::HiRes::sleep(0.3);
     is(rl(http_get('/log?k=untracked')), 'REJECTED', 'no tracking: after 300 ms Redis is asked again');
+    # A top-up through ratelimit_admin is heard at once by the worker that made it, within the
+    # 100 ms its rejection is remembered (Redis's notice would never come here).
+    @st = map { rl(http_get('/credits?k=untracked')) } 1 .. 3;
+    is("@st", 'PASSED PASSED REJECTED', 'no tracking: a balance used up');
+    my $r = http_request(port => server_port(), request => 'POST /admin?key=untracked&add=5');
+    is($r->{status}, 200, 'no tracking: ratelimit_admin adds credits');
+    is(rl(http_get('/credits?k=untracked')), 'PASSED', 'no tracking: the next request draws from them');
     ok(stop_nginx(), 'no tracking: nginx quits gracefully');
     my $log = error_log_text();
     my @lines = $log =~ /(ratelimit: redis "[^"]+" refused client tracking \(NOPERM[^\n]*)/g;

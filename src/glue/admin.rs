@@ -24,6 +24,7 @@ use crate::glue::conf::{Param, Zone};
 use crate::glue::module::RateLimit;
 use crate::glue::request::{attach, detach, pool_copy, wall_ms, zone_key};
 use crate::redis::follow::{follow, submit, Follow, Retries};
+use crate::redis::invalidation;
 use crate::redis::pool::{RedisError, Waiter, WorkerPool};
 
 /// What an admin request asks of its key.
@@ -80,6 +81,8 @@ struct AdminCtx {
     /// The zone's index and the key as given, for the answer.
     zone: usize,
     given: Vec<u8>,
+    /// The key as Redis names it, which a change makes this worker forget what it remembers of.
+    key: Vec<u8>,
     limit: u64,
     window_ms: u64,
 }
@@ -156,6 +159,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         Op::Set(n) => (Algorithm::BalanceAdmin, 1, n),
         Op::Add(n) => (Algorithm::BalanceAdmin, 2, n),
     };
+    let redis_key = key.parts().concat();
     let za = ZoneArgs {
         key,
         algorithm,
@@ -179,6 +183,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         op,
         zone: zi,
         given,
+        key: redis_key,
         limit,
         window_ms: zone.period.map_or(window, |p| p.length_ms(wall_ms())),
     })) else {
@@ -240,6 +245,11 @@ unsafe fn finish(ctx: &mut AdminCtx) -> ngx_int_t {
     let zone = &mcf.zones[ctx.zone];
     let (status, body) = match decision {
         Some(Ok(Ok(d))) => {
+            if ctx.op != Op::Read {
+                // Heard now, not only when Redis's notice comes, which may be after the next
+                // request this worker takes: that one must not be answered from its memory.
+                invalidation::forget(&ctx.key);
+            }
             let z = d.zones[0];
             (
                 NGX_HTTP_OK,
