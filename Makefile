@@ -30,6 +30,8 @@
 #                       and a paced key's under-admission (bench/lease.sh)
 #   make bench-concurrency  what held concurrency slots cost Redis per slot per second, by
 #                       lease_time and slots in flight (bench/concurrency.sh)
+#   make bench-script-cost  Redis instructions per decision of the script (callgrind), per
+#                       algorithm, lease and batch size (bench/script-cost.py)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -508,6 +510,11 @@ bench-lease: deps-bench
 	bench/lease.sh
 
 # Redis's cost of keeping concurrency slots renewed, by lease_time (about 3 minutes).
+.PHONY: bench-script-cost
+bench-script-cost: deps-bench
+	@$(call apt_ensure,valgrind)
+	bench/script-cost.py
+
 .PHONY: bench-concurrency
 bench-concurrency: deps-bench
 	$(MAKE) build
