@@ -141,14 +141,17 @@ def redis_version():
 
 
 def read_tsv(path):
-    rows = {}
+    """The figures of a script-cost.tsv, and the commit its header names."""
+    rows, rev = {}, "?"
     with open(path) as f:
         for line in f:
+            if line.startswith("# bench/script-cost.py "):
+                rev = line[len("# bench/script-cost.py "):].split(":")[0]
             if line.startswith("#") or not line.strip():
                 continue
             alg, lease, batch, instr, cmds = line.rstrip("\n").split("\t")
             rows[(alg, lease, int(batch))] = (float(instr), float(cmds))
-    return rows
+    return rows, rev
 
 
 def main():
@@ -164,7 +167,7 @@ def main():
     script = M.script_text(a.root)
     only = set(a.only.split(",")) if a.only else None
     M.install_signal_cleanup()
-    before = read_tsv(a.before) if a.before else {}
+    before, before_rev = read_tsv(a.before) if a.before else ({}, None)
 
     results = {}
     for alg, _ in ALGS:
@@ -220,7 +223,7 @@ def main():
     head = "| algorithm | zone | " + " | ".join(
         "batch %d" % b for b in BATCHES) + " | commands per decision (batch 16) |"
     if before:
-        head += " vs before, " + ", ".join("batch %d" % b for b in BATCHES) + " |"
+        head += " vs %s, " % before_rev + ", ".join("batch %d" % b for b in BATCHES) + " |"
     lines += [head, "| --- | --- |" + " ---: |" * (len(BATCHES) + 1 + (1 if before else 0))]
     for alg, _ in ALGS:
         for lease in LEASES:
