@@ -33,6 +33,8 @@
 #                       deny-cache rejection (bench/instructions.py)
 #   make bench-concurrency  what held concurrency slots cost Redis per slot per second, by
 #                       lease_time and slots in flight (bench/concurrency.sh)
+#   make bench-script-cost  Redis instructions per decision of the script (callgrind), per
+#                       algorithm, lease and batch size (bench/script-cost.py)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -517,6 +519,12 @@ bench-lease: deps-bench
 bench-instructions: deps-bench
 	$(MAKE) build
 	bench/instructions.py $(INSTRUCTIONS_ARGS)
+
+# Redis's instructions per decision of the script under callgrind, per algorithm, lease and
+# batch size (bench/script-cost.md).
+.PHONY: bench-script-cost
+bench-script-cost: deps-bench
+	bench/script-cost.py
 
 # Redis's cost of keeping concurrency slots renewed, by lease_time (about 3 minutes).
 .PHONY: bench-concurrency

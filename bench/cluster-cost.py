@@ -36,17 +36,16 @@ Usage: bench/cluster-cost.py [--rounds 5] [--decisions 60000] [--out bench/clust
 import argparse
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import callgrind as C  # noqa: E402
 import memory as M  # noqa: E402
 
-KEYS, LIMIT, WINDOW, DEPTH, WARMUP = 10_000, 100, 60_000, 32, 20_000
+KEYS, LIMIT, WINDOW, WARMUP = 10_000, 100, 60_000, 20_000
+DEPTH = C.DEPTH
 # (server, batch, node form)
 VARIANTS = [("plain", 1, False), ("plain", 3, False), ("plain", 12, False),
             ("plain", 3, True), ("plain", 12, True),
@@ -70,18 +69,10 @@ def cpu(c):
     return float(i["used_cpu_user"]) + float(i["used_cpu_sys"])
 
 
-def cluster_ok(c, seconds=10):
-    deadline = time.time() + seconds
-    while "cluster_state:ok" not in c.cmd("CLUSTER", "INFO"):
-        if time.time() > deadline:
-            raise SystemExit("the one-node cluster is not ok:\n%s" % c.cmd("CLUSTER", "INFO"))
-        time.sleep(0.1)
-
-
 def run(script, server, cluster, batch, node_form, decisions):
     c = server.client
     if cluster:
-        cluster_ok(c)
+        C.cluster_ok(c)
     sha = c.cmd("SCRIPT", "LOAD", script)
     c.cmd("FLUSHALL")
     cmd = call(sha, batch, node_form)
@@ -113,63 +104,10 @@ def run(script, server, cluster, batch, node_form, decisions):
 
 
 def instructions(script, cluster, batch, node_form, decisions):
-    """User-space instructions per decision of a fresh redis-server under callgrind: the same
-    every run, whatever else the machine does (system calls are not counted). Counted from
-    after a warm-up (callgrind_control -z) to a dump after the measured calls."""
-    port, bus = M.free_port(), M.free_port()
-    d = tempfile.mkdtemp(prefix="rl-bench-cg.")
-    out = os.path.join(d, "callgrind.out")
-    extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--cluster-port", str(bus)] if cluster else []
-    proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
-                             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
-                             "", "--appendonly", "no", "--dir", d] + extra,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                c = M.Client(port)
-                c.cmd("PING")
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise SystemExit("redis-server under callgrind did not start")
-                time.sleep(0.2)
-        if cluster:
-            c.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
-            cluster_ok(c, 60)
-        cmd = call(c.cmd("SCRIPT", "LOAD", script), batch, node_form)
-        calls = max(decisions // batch, DEPTH)
-
-        def bench(n):
-            subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "1",
-                            "-P", str(DEPTH), "-r", str(KEYS), "-n", str(n), "-q"] + cmd,
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        bench(calls // 4)
-        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True,
-                       stdout=subprocess.DEVNULL)
-        bench(calls)
-        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True,
-                       stdout=subprocess.DEVNULL)
-        st = dict(f.split("=", 1) for f in c.info("commandstats")["cmdstat_evalsha"].split(","))
-        if st.get("failed_calls", "0") != "0":
-            raise SystemExit("batch %d under callgrind: EVALSHA calls failed" % batch)
-        total = None
-        with open(out + ".1") as f:
-            for line in f:
-                if line.startswith(("summary:", "totals:")):
-                    total = int(line.split()[1])
-        if total is None:
-            raise SystemExit("no totals in %s.1" % out)
-        # redis-benchmark rounds the count up to whole pipelines.
-        return total / (calls + (-calls) % DEPTH) / batch
-    finally:
-        proc.terminate()
-        proc.wait(60)
-        shutil.rmtree(d, ignore_errors=True)
+    """User-space instructions per decision of a fresh redis-server under callgrind
+    (bench/callgrind.py)."""
+    return C.instructions_per_call(script, lambda sha: call(sha, batch, node_form),
+                                   decisions // batch, KEYS, cluster) / batch
 
 
 def main():

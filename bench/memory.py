@@ -158,8 +158,14 @@ def encode(args):
 
 class Client:
     def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        """`port`: a loopback TCP port, or the path of a unix socket."""
+        if isinstance(port, str):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(60)
+            self.sock.connect(port)
+        else:
+            self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.pos = 0
 

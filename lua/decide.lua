@@ -4,7 +4,10 @@
 -- each had been its own call (with clock=redis they share one TIME).
 --
 -- The whole script is one flat function body: Redis runs the body on every call, so it holds no
--- per-algorithm tables or closures to rebuild, only the call's scratch tables and a few helpers.
+-- per-algorithm tables or closures to rebuild, only one scratch table and a few helpers. What
+-- Redis spends per decision is counted in instructions by bench/script-cost.py: a table built
+-- per call, a call of a C function (math.max, tonumber, string.format) or a global read is
+-- dear against the commands themselves, so the decision's path avoids them.
 --
 -- KEYS                   the zone keys of decision 1, then those of decision 2, ...
 -- ARGV, per decision:    now in ms (or "" to read Redis TIME: one clock for every gateway),
@@ -137,6 +140,8 @@
 -- the window at most a year (< 2^35 ms), so products such as limit * window may not fit and go
 -- through muldiv. GCRA also needs burst * window / limit < 2^52 ms (its state is a time).
 
+-- Globals read once: each read of a global is a table lookup.
+local ARGV, type = ARGV, type
 local floor, ceil, max, min, tonumber, format =
   math.floor, math.ceil, math.max, math.min, tonumber, string.format
 local pcall_redis, call = redis.pcall, redis.call
@@ -209,8 +214,9 @@ end
 local function muldiv(a, b, c)
   local p = a * b
   if p < EXACT then -- a product at or above 2^53 never rounds below it
-    local q = floor(p / c)
-    return q, p - q * c
+    -- p % c is p - floor(p / c) * c, computed in the VM: no call of math.floor.
+    local r = p % c
+    return (p - r) / c, r
   end
   local qb = floor(b / c)
   local rb = b - qb * c
@@ -262,7 +268,8 @@ end
 -- period from the next when a gateway clock is ahead of the key's expiry.
 local QUOTA_FORMAT, QUOTA_LEN = '<I6I4', 10
 local DAY, HOUR = 86400000, 3600000
-local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
+-- Days per month, as bytes: a table would be built on every call.
+local MONTH_DAYS = '\31\28\31\30\31\30\31\31\30\31\30\31'
 
 -- The UTC ms where the period (spec as in the header) holding UTC ms `t` starts and ends.
 -- Civil dates from day numbers (H. Hinnant's days-to-civil, proleptic Gregorian, integers only:
@@ -288,7 +295,7 @@ local function period_bounds(t, spec)
     local mday = doy - floor((153 * mp + 2) / 5) -- 0-based
     local m = mp < 10 and mp + 3 or mp - 9
     local y = yoe + era * 400 + (m <= 2 and 1 or 0)
-    local n = MONTH_DAYS[m]
+    local n = string.byte(MONTH_DAYS, m)
     if m == 2 and y % 4 == 0 and (y % 100 ~= 0 or y % 400 == 0) then
       n = 29
     end
@@ -297,28 +304,44 @@ local function period_bounds(t, spec)
   return start - off, start - off + len
 end
 
--- Per-zone state from the check to the commit and report, by zone index within a decision:
---   sliding_log (l, r)  s1 used, s2 oldest score (nil: not read; the set may be empty)
---   sliding_log_packed  s1 used, s2 oldest score, s3 entries that have left the window,
---                    s4 the string
---   sliding_counter  s1 current, s2 previous, s3 window index, s4 elapsed in it,
---                    s5 previous count weighted into the rolling window, rounded up
---   gcra             s1 ms, s2 r (the TAT), s3 ms, s4 r (the TAT after this request)
---   calendar quota   s1 count, s2 period start, s3 period end
---   balance          s1 balance (a missing key: its default), s2 true if the key is missing
---   give-back        s4 the value (GET), Gl: s1 the set's size, Gg: s1 ms, s2 r (the TAT)
-local s1, s2, s3, s4, s5, zone_ok = {}, {}, {}, {}, {}, {}
--- Per zone: the key was missing (a reserve zone writing it starts a new life), and the rid of
--- a give-back or check.
-local fresh, rids = {}, {}
+-- Per-zone state from the check to the commit and report, zone i of a decision at S[o + f],
+-- o = ZONE_FIELDS * (i - 1): one table for every field of every zone, since each table a call
+-- creates (and its collection) costs Redis about as much as parsing a command. The fields:
+--   S1 .. S5 what the check read, for the commit and report:
+--   sliding_log (l, r)  S1 used, S2 oldest score (nil: not read; the set may be empty)
+--   sliding_log_packed  S1 used, S2 oldest score, S3 entries that have left the window,
+--                    S4 the string
+--   sliding_counter  S1 current, S2 previous, S3 window index, S4 elapsed in it,
+--                    S5 previous count weighted into the rolling window, rounded up
+--   gcra             S1 ms, S2 r (the TAT), S3 ms, S4 r (the TAT after this request)
+--   calendar quota   S1 count, S2 period start, S3 period end
+--   balance          S1 balance (a missing key: its default), S2 true if the key is missing
+--   give-back        S4 the value (GET), Gl: S1 the set's size, Gg: S1 ms, S2 r (the TAT)
+--   OK whether the zone has room; FRESH the key was missing (a reserve zone writing it starts
+--   a new life); RID the rid of a give-back or check;
+--   ALG .. LEASE its arguments as the first pass read them, for the second: the operation (a
+--   reserve field's letter, a give-back's two letters), limit, window, cost, burst (the
+--   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others).
+--   Each argument is parsed once: tonumber of a decimal string is two strtod calls.
+local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+local ZONE_FIELDS = 15
+-- Sized for a decision of one zone up front, not grown a power of two at a time.
+local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local nargv = #ARGV
+-- The previous zone's figures (limit, window, cost, burst) as sent and as numbers, and the last
+-- algorithm field met: tonumber of a decimal costs two strtod calls, the zones of a batch mostly
+-- send the same figures, and strings compare by pointer. No table: building one per call
+-- (and hashing into it) costs more than a call of one decision saves.
+local fs1, fn1, fs2, fn2, fs3, fn3, fs4, fn4, last_alg
 
 local replies, ndecisions = {}, 0
 local a, k = 1, 0 -- ARGV and keys already consumed
 -- The keys: KEYS, and in a node's batch the undeclared ones after them.
 local keys, declared = KEYS, #KEYS
-local undeclared = tonumber(string.match(ARGV[1] or '', '^k(%d+)$'))
+local undeclared = string.byte(ARGV[1] or '') == 107 and tonumber(string.match(ARGV[1], '^k(%d+)$'))
 if undeclared then
-  if undeclared + 2 > #ARGV then
+  if undeclared + 2 > nargv then
     return redis.error_reply('ERR ratelimit: malformed batch at decision 1')
   end
   keys = {}
@@ -330,6 +353,7 @@ if undeclared then
   end
   a = undeclared + 2
 end
+local nkeys = #keys
 -- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
 -- decisions sharing that microsecond still get distinct members.
 local time_us, seq, time_now_s = nil, 0, nil
@@ -343,20 +367,21 @@ local function read_time()
 end
 -- Reservations' rids given in this call, past time_us.
 local rid_seq = 0
-
 repeat
   -- Numbers go to Redis as strings: it formats every number a script passes (%.17g, a fair
   -- share of a command's cost); figures that came as strings go back as they came.
-  local now, now_s, base_us = tonumber(ARGV[a]), ARGV[a], nil
+  local now_s, base_us = ARGV[a], nil
+  local now = now_s ~= '' and tonumber(now_s) or nil
   local nzones, next_clock = 0, a + 1
-  while next_clock <= #ARGV and ARGV[next_clock] ~= '' and not tonumber(ARGV[next_clock]) do
-    nzones, next_clock = nzones + 1, next_clock + 5
+  while next_clock <= nargv and ARGV[next_clock] ~= ''
+      and (ARGV[next_clock] == last_alg or not tonumber(ARGV[next_clock])) do
+    last_alg, nzones, next_clock = ARGV[next_clock], nzones + 1, next_clock + 5
   end
-  if next_clock > #ARGV then
+  if next_clock > nargv then
     -- The last decision: missing arguments are its zones' bad arguments, as ever.
-    nzones = #keys - k
+    nzones = nkeys - k
   end
-  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > #keys then
+  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > nkeys then
     return redis.error_reply('ERR ratelimit: malformed batch at decision ' .. (ndecisions + 1))
   end
   local gateway_clock = now ~= nil
@@ -370,7 +395,7 @@ repeat
 
   local result, allowed = nil, 1
   repeat -- `break` ends this decision early with `result` set to its error
-    for i = max(1, declared - k + 1), nzones do
+    for i = declared - k >= 1 and declared - k + 1 or 1, nzones do
       local e = pcall_redis('EXISTS', keys[k + i])
       if type(e) == 'table' and e.err then
         result = redis.error_reply('NOTLOCAL ' .. e.err)
@@ -381,33 +406,59 @@ repeat
       break
     end
     for i = 1, nzones do
-      local p = a + 1 + 5 * (i - 1)
+      local p, o = a + 1 + 5 * (i - 1), ZONE_FIELDS * (i - 1)
       local key, alg = keys[k + i], ARGV[p]
-      local limit, w, cost, burst =
-        tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-      alg, rids[i] = split_rid(alg)
+      local x = ARGV[p + 1]
+      if x ~= fs1 then
+        fs1, fn1 = x, tonumber(x)
+      end
+      x = ARGV[p + 2]
+      if x ~= fs2 then
+        fs2, fn2 = x, tonumber(x)
+      end
+      x = ARGV[p + 3]
+      if x ~= fs3 then
+        fs3, fn3 = x, tonumber(x)
+      end
+      x = ARGV[p + 4]
+      if x ~= fs4 then
+        fs4, fn4 = x, tonumber(x)
+      end
+      local limit, w, cost, burst = fn1, fn2, fn3, fn4
+      S[o + RID], S[o + WANT] = nil, nil
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
       local held = alg
-      if alg == 'Gn' or alg == 'Rn' then
-        -- A slot's release or renewal: the member in the place of burst, as for n.
-        held = 'n'
-        burst = ARGV[p + 4] ~= '' and 0 or nil
-        if cost ~= 1 then
-          alg = '?'
-        end
-      elseif alg and #alg > 1 then
-        -- A reserve field (checked here; the second pass reads it again) or a give-back, which
-        -- keeps its two letters as `alg`. Anything else is refused as "?".
-        if #alg == 2 then
-          held = string.match(alg, '^G([lpcgqb])$')
-          if not (held and rids[i] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
-              and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
-              and (held ~= 'q' or w and w % 10 >= 1 and w % 10 <= 4 and w >= 10 and w < 28800)) then
+      if alg and #alg > 1 then
+        alg, S[o + RID] = split_rid(alg)
+        held = alg
+        if alg == 'Gn' or alg == 'Rn' then
+          -- A slot's release or renewal: the member in the place of burst, as for n.
+          held = 'n'
+          burst = ARGV[p + 4] ~= '' and 0 or nil
+          if cost ~= 1 then
             alg = '?'
           end
-        else
-          alg = string.match(alg, RESERVE_PATTERN) or '?'
-          held = alg
+        elseif #alg > 1 then
+          -- A reserve field or a give-back, which keeps its two letters as `alg`. Anything
+          -- else is refused as "?".
+          if #alg == 2 then
+            held = string.match(alg, '^G([lpcgqb])$')
+            if not (held and S[o + RID] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
+                and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
+                and (held ~= 'q' or w and w % 10 >= 1 and w % 10 <= 4 and w >= 10 and w < 28800)) then
+              alg = '?'
+            end
+          else
+            local want_s, lease_s
+            alg, want_s, lease_s = string.match(alg, RESERVE_PATTERN)
+            if alg then
+              S[o + WANT] = min(tonumber(want_s), MAX_UNITS)
+              S[o + LEASE] = min(tonumber(lease_s), MAX_LEASE)
+            else
+              alg = '?'
+            end
+            held = alg
+          end
         end
       end
       if alg == 'r' or alg == 'n' then
@@ -433,20 +484,22 @@ repeat
       if result then
         break
       end
+      -- The commonest algorithms first: each test costs about as much as a command's byte.
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
-          or (alg ~= 'l' and alg ~= 'r' and alg ~= 'p' and alg ~= 'c' and alg ~= 'g'
-            and alg ~= 'q' and alg ~= 'b' and alg ~= 'B' and alg ~= 'D' and alg ~= 'n'
-            and alg ~= 'V' and #alg ~= 2)
-          or (alg == 'V' and not rids[i])
-          or (alg == 'n' and cost > 1)
-          or (alg == 'B' and w ~= 1 and w ~= 2)
-          or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
-          or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800)) then
+          or alg ~= 'c' and alg ~= 'l' and alg ~= 'p' and (
+            (alg ~= 'r' and alg ~= 'g' and alg ~= 'q' and alg ~= 'b' and alg ~= 'B'
+              and alg ~= 'D' and alg ~= 'n' and alg ~= 'V' and #alg ~= 2)
+            or (alg == 'V' and not S[o + RID])
+            or (alg == 'n' and cost > 1)
+            or (alg == 'B' and w ~= 1 and w ~= 2)
+            or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
+            or (alg == 'q' and (w % 10 < 1 or w % 10 > 4 or w < 10 or w >= 28800))) then
         result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
         break
       end
       local ok, v
-      if alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl' and alg ~= 'V' and held ~= 'n' then
+      if alg == 'c' or alg == 'g' or alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl'
+          and alg ~= 'V' and held ~= 'n' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
@@ -464,7 +517,7 @@ repeat
           result = key_error('ERR', key, 'holds a balance out of range (15 digits at most)')
           break
         end
-        fresh[i] = not v
+        S[o + FRESH] = not v
       end
       if alg == 'l' or alg == 'r' then
         -- Sliding-window log: one sorted-set entry per admitted unit, scored by its ms. An entry
@@ -486,13 +539,13 @@ repeat
           -- One removed: the second oldest is the oldest now. More: not known yet.
           oldest = removed == 1 and tonumber(e[4]) or nil
         end
-        fresh[i] = read == 0
+        S[o + FRESH] = read == 0
         -- Fewer than two read: that was the whole set.
         local used = read - removed
         if read == 2 then
           used = call('ZCARD', key)
         end
-        s1[i], s2[i] = used, oldest
+        S[o + S1], S[o + S2] = used, oldest
         ok = used + cost <= limit
       elseif alg == 'p' then
         -- The same log packed: GET and SET instead of four commands, 6 bytes per entry, but
@@ -501,14 +554,14 @@ repeat
         local n = #v / PACKED_LEN
         local gone = packed_upto(v, 0, n, now - w)
         local used = n - gone
-        s1[i], s2[i], s3[i], s4[i] = used, used > 0 and unpack_struct(PACKED_FORMAT, v,
-          gone * PACKED_LEN + 1) or nil, gone, v
+        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = used,
+          used > 0 and unpack_struct(PACKED_FORMAT, v, gone * PACKED_LEN + 1) or nil, gone, v
         ok = used + cost <= limit
       elseif alg == 'c' then
         -- Sliding-window counter: the count of the current fixed window plus the previous
         -- window's count weighted by how much of it the rolling window still covers.
-        local idx = floor(now / w)
-        local elapsed, cur, prev = now - idx * w, 0, 0
+        local elapsed, cur, prev = now % w, 0, 0
+        local idx = (now - elapsed) / w
         if v then
           local st, c, pv = unpack_struct(COUNTER_FORMAT, v)
           local age = (idx - st) % 256
@@ -525,75 +578,9 @@ repeat
         -- estimate = prev * (w - elapsed) / w + cur, compared as ceil(prev part) + cur.
         local q, r = muldiv(prev, w - elapsed, w)
         local weighted = q + (r > 0 and 1 or 0)
-        s1[i], s2[i], s3[i], s4[i], s5[i] = cur, prev, idx, elapsed, weighted
+        S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5] = cur, prev, idx, elapsed, weighted
         ok = weighted + cur + cost <= limit
-      elseif alg == 'q' then
-        -- Calendar quota: a count per period, gone with the period.
-        local start, stop = period_bounds(now, w)
-        local count = 0
-        if v then
-          local st, c = unpack_struct(QUOTA_FORMAT, v)
-          if st == start then
-            count = c
-          elseif st > start then
-            -- Written by a gateway whose clock is already in the next period: count there.
-            start, stop = period_bounds(st, w)
-            count = c
-          end
-        end
-        s1[i], s2[i], s3[i] = count, start, stop
-        ok = count + cost <= limit
-      elseif alg == 'b' then
-        -- Credit balance: a decimal integer the operator sets and tops up (SET, INCRBY).
-        local missing = not v
-        local balance = missing and burst or tonumber(v)
-        s1[i], s2[i] = balance, missing
-        ok = cost == 0 or balance >= cost
-      elseif alg == 'B' or alg == 'D' then
-        ok = true
-      elseif alg == 'V' then
-        -- Anything but the ledger's own sorted set (someone else's data) answers "not there".
-        local ledger, there = ledger_of(key), false
-        if ledger then
-          local sc = pcall_redis('ZSCORE', ledger, rids[i])
-          there = type(sc) == 'string'
-        end
-        s1[i], ok = there, true
-      elseif held == 'n' then
-        -- Concurrency (n, Gn, Rn): lapsed slots go first, whatever the decision.
-        local gone = pcall_redis('ZREMRANGEBYSCORE', key, '-inf', now_s)
-        if type(gone) == 'table' then
-          result = gone
-          break
-        end
-        local used, mine = call('ZCARD', key), call('ZSCORE', key, ARGV[p + 4]) ~= false
-        s1[i], s2[i] = used, mine
-        if alg == 'n' then
-          ok = mine or used + cost <= limit
-        else
-          -- A release is always ok; a renewal, only while the slot is still there.
-          ok = alg == 'Gn' or mine
-        end
-      elseif #alg == 2 then
-        -- A give-back: read here, written in the second pass.
-        if alg == 'Gl' then
-          local n = pcall_redis('ZCARD', key)
-          if type(n) == 'table' then
-            result = n
-            break
-          end
-          s1[i] = n
-        elseif alg == 'Gg' and v then
-          local ms, r = unpack_struct(GCRA_FORMAT, v)
-          if not (ms >= 0 and ms < MAX_TIME) then
-            result = key_error('WRONGTYPE', key, 'holds other data')
-            break
-          end
-          s1[i], s2[i] = ms, r
-        end
-        s4[i] = v
-        ok = true
-      else
+      elseif alg == 'g' then
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
         local ms, r = now, 0
         if v then
@@ -618,10 +605,77 @@ repeat
         end
         -- Admitted while the new TAT is at most burst * window / limit ms ahead of now.
         local bq, br = muldiv(burst, w, limit)
-        s1[i], s2[i], s3[i], s4[i] = ms, r, nms, nr
+        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = ms, r, nms, nr
         ok = nms - now < bq or (nms - now == bq and nr <= br)
+      elseif alg == 'q' then
+        -- Calendar quota: a count per period, gone with the period.
+        local start, stop = period_bounds(now, w)
+        local count = 0
+        if v then
+          local st, c = unpack_struct(QUOTA_FORMAT, v)
+          if st == start then
+            count = c
+          elseif st > start then
+            -- Written by a gateway whose clock is already in the next period: count there.
+            start, stop = period_bounds(st, w)
+            count = c
+          end
+        end
+        S[o + S1], S[o + S2], S[o + S3] = count, start, stop
+        ok = count + cost <= limit
+      elseif alg == 'b' then
+        -- Credit balance: a decimal integer the operator sets and tops up (SET, INCRBY).
+        local missing = not v
+        local balance = missing and burst or tonumber(v)
+        S[o + S1], S[o + S2] = balance, missing
+        ok = cost == 0 or balance >= cost
+      elseif alg == 'B' or alg == 'D' then
+        ok = true
+      elseif alg == 'V' then
+        -- Anything but the ledger's own sorted set (someone else's data) answers "not there".
+        local ledger, there = ledger_of(key), false
+        if ledger then
+          local sc = pcall_redis('ZSCORE', ledger, S[o + RID])
+          there = type(sc) == 'string'
+        end
+        S[o + S1], ok = there, true
+      elseif held == 'n' then
+        -- Concurrency (n, Gn, Rn): lapsed slots go first, whatever the decision.
+        local gone = pcall_redis('ZREMRANGEBYSCORE', key, '-inf', now_s)
+        if type(gone) == 'table' then
+          result = gone
+          break
+        end
+        local used, mine = call('ZCARD', key), call('ZSCORE', key, ARGV[p + 4]) ~= false
+        S[o + S1], S[o + S2] = used, mine
+        if alg == 'n' then
+          ok = mine or used + cost <= limit
+        else
+          -- A release is always ok; a renewal, only while the slot is still there.
+          ok = alg == 'Gn' or mine
+        end
+      else
+        -- A give-back: read here, written in the second pass.
+        if alg == 'Gl' then
+          local n = pcall_redis('ZCARD', key)
+          if type(n) == 'table' then
+            result = n
+            break
+          end
+          S[o + S1] = n
+        elseif alg == 'Gg' and v then
+          local ms, r = unpack_struct(GCRA_FORMAT, v)
+          if not (ms >= 0 and ms < MAX_TIME) then
+            result = key_error('WRONGTYPE', key, 'holds other data')
+            break
+          end
+          S[o + S1], S[o + S2] = ms, r
+        end
+        S[o + S4] = v
+        ok = true
       end
-      zone_ok[i] = ok
+      S[o + OK] = ok
+      S[o + ALG], S[o + LIMIT], S[o + WIN], S[o + COST], S[o + BURST] = alg, limit, w, cost, burst
       if not ok then
         allowed = 0
       end
@@ -630,33 +684,31 @@ repeat
       break
     end
 
-    result = { allowed }
+    -- Sized for one plain zone: growing an array a power of two at a time reallocates it.
+    result = { allowed, nil, nil, nil }
+    local nres = 1
     for i = 1, nzones do
-      local p = a + 1 + 5 * (i - 1)
-      local key, alg = keys[k + i], ARGV[p]
-      local limit, w, cost, burst =
-        tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-      local ok, commit = zone_ok[i], allowed == 1 and cost > 0
+      local p, o = a + 1 + 5 * (i - 1), ZONE_FIELDS * (i - 1)
+      local key, alg = keys[k + i], S[o + ALG]
+      local limit, w, cost, burst = S[o + LIMIT], S[o + WIN], S[o + COST], S[o + BURST]
+      local ok, commit = S[o + OK], allowed == 1 and cost > 0
       local remaining, reset
-      alg = split_rid(alg)
       -- A reserve zone: want (nil for the others; 0 when nothing may be granted), and what it
       -- is granted; its ledger.
-      local want, lease, grant, token, ledger = nil, 0, 0, 0, nil
-      if #alg > 2 then
-        local want_s, lease_s
-        alg, want_s, lease_s = string.match(alg, RESERVE_PATTERN)
-        want, lease = min(tonumber(want_s), MAX_UNITS), min(tonumber(lease_s), MAX_LEASE)
+      local want, lease, grant, token, ledger = S[o + WANT], 0, 0, 0, nil
+      if want then
+        lease = S[o + LEASE]
         ledger = ledger_of(key)
         if allowed == 0 or not ledger then
           want = 0
         end
-        if ledger and fresh[i] and allowed == 1 then
+        if ledger and S[o + FRESH] and allowed == 1 then
           -- The key starts a new life: no reservation of an older one may touch it.
           call('DEL', ledger)
         end
       end
       if alg == 'l' or alg == 'p' or alg == 'r' then
-        local used, oldest, gone, v = s1[i], s2[i], s3[i], s4[i]
+        local used, oldest, gone, v = S[o + S1], S[o + S2], S[o + S3], S[o + S4]
         if want and want > 0 and limit - used - cost >= 4 then
           grant = min(want, floor((limit - used - cost) / 4))
         end
@@ -803,7 +855,8 @@ repeat
           end
           used = used + grant
         end
-        remaining = max(0, limit - used)
+        remaining = limit - used
+        remaining = remaining > 0 and remaining or 0
         if cost > limit then
           -- It can never fit; the module does not even ask.
           reset = w
@@ -822,10 +875,12 @@ repeat
             local at = format('%d', idx)
             oldest = tonumber(call('ZRANGE', key, at, at, 'WITHSCORES')[2])
           end
-          reset = max(0, oldest + w - now)
+          reset = oldest + w - now
+          reset = reset > 0 and reset or 0
         end
       elseif alg == 'c' then
-        local cur, prev, idx, elapsed, weighted = s1[i], s2[i], s3[i], s4[i], s5[i]
+        local cur, prev, idx, elapsed, weighted =
+          S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5]
         -- For a reserve zone: ms until the bucket the key holds starts, when that is the next one.
         local ahead = 0
         if want then
@@ -852,7 +907,9 @@ repeat
           call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
             format('%d', 2 * w - elapsed))
         end
-        remaining = max(0, limit - cur - weighted)
+        -- max(0, x) as a comparison: a call of a C function costs Redis far more.
+        remaining = limit - cur - weighted
+        remaining = remaining > 0 and remaining or 0
         -- The wait until the estimate is at most `target`, if nothing else is admitted meanwhile.
         local target = limit - remaining - 1
         if not ok then
@@ -866,7 +923,8 @@ repeat
             if target - cur >= prev then
               reset = 0
             else
-              reset = max(0, w - elapsed - muldiv(target - cur, w, prev))
+              reset = w - elapsed - muldiv(target - cur, w, prev)
+              reset = reset > 0 and reset or 0
             end
           else
             -- Not in this window: in the next one, the current count becomes the weighted one.
@@ -879,27 +937,81 @@ repeat
           -- Counted from the start of the bucket written: until then the estimate stays.
           reset = reset + ahead
         end
+      elseif alg == 'g' then
+        local ms, r = S[o + S1], S[o + S2]
+        if want and want > 0 then
+          -- The granted units arrive at now + lease (or behind this request's units): the room
+          -- is what still conforms from there, (now + burst*T - start) / T.
+          local sms, sr = S[o + S3], S[o + S4]
+          if sms < now + lease then
+            sms, sr = now + lease, 0
+          end
+          local bq, br = muldiv(burst, w, limit)
+          local ahead = now + bq - sms
+          if ahead >= 0 then
+            local q, rem = muldiv(limit, ahead, w)
+            local room = q + floor((rem + br - sr) / w)
+            if room >= 4 then
+              grant = min(want, floor(room / 4))
+              local gq, gr = muldiv(grant, w, limit)
+              sms, sr = sms + gq, sr + gr
+              if sr >= limit then
+                sms, sr = sms + 1, sr - limit
+              end
+              S[o + S3], S[o + S4] = sms, sr
+              token = (sms % TAT_TOKEN_MOD) * limit + sr + 1
+            end
+          end
+        end
+        if commit or grant > 0 then
+          ms, r = S[o + S3], S[o + S4]
+          local px = ms - now + (r > 0 and 1 or 0)
+          call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX', format('%d', px > 1 and px or 1))
+        end
+        -- How far the TAT is ahead, in 1/limit ms: (ms - now) * limit + r, kept as whole windows
+        -- (rounded up) to stay exact.
+        local uq, ur = muldiv(limit, ms - now, w)
+        local up = (ur + r) % w
+        remaining = burst - uq - (ur + r - up) / w - (up > 0 and 1 or 0)
+        remaining = remaining > 0 and remaining or 0
+        if not ok then
+          if cost > burst then
+            -- It can never fit; the module does not even ask. Answer like the other algorithms.
+            reset = w
+          else
+            -- Until the new TAT is within burst spacings of now.
+            local bq, br = muldiv(burst, w, limit)
+            reset = max(1, S[o + S3] - now - bq + (S[o + S4] > br and 1 or 0))
+          end
+        elseif ms == now and r == 0 then
+          reset = 0
+        else
+          -- One more unit is back once the TAT is within (burst - remaining - 1) spacings.
+          local kq, kr = muldiv(burst - remaining - 1, w, limit)
+          reset = ms - now - kq + (r > kr and 1 or 0)
+          reset = reset > 0 and reset or 0
+        end
       elseif alg == 'q' then
-        local count, stop = s1[i], s3[i]
+        local count, stop = S[o + S1], S[o + S3]
         if want and want > 0 and limit - count - cost >= 4 then
           -- Spent in this period or not at all.
           grant = min(want, floor((limit - count - cost) / 4))
-          lease, token = min(lease, stop - now), s2[i]
+          lease, token = min(lease, stop - now), S[o + S2]
         end
         if commit or grant > 0 then
           count = count + cost + grant
-          call('SET', key, pack(QUOTA_FORMAT, s2[i], count), 'PX', format('%d', max(1, stop - now)))
+          call('SET', key, pack(QUOTA_FORMAT, S[o + S2], count), 'PX', format('%d', max(1, stop - now)))
         end
         remaining = max(0, limit - count)
         reset = max(0, stop - now)
       elseif alg == 'b' then
-        local balance = s1[i]
+        local balance = S[o + S1]
         if want and want > 0 and balance - cost >= 4 then
           grant = min(want, floor((balance - cost) / 4))
         end
         if commit or grant > 0 then
           -- DECRBY keeps a TTL the operator gave the credits; a default grant is written whole.
-          if s2[i] then
+          if S[o + S2] then
             balance = balance - cost - grant
             call('SET', key, format('%d', balance))
           else
@@ -909,7 +1021,7 @@ repeat
         remaining = max(0, balance)
         reset = 0
       elseif alg == 'B' then
-        local ledger = fresh[i] and ledger_of(key)
+        local ledger = S[o + FRESH] and ledger_of(key)
         if ledger then
           -- A balance set where there was none is a new one.
           call('DEL', ledger)
@@ -930,9 +1042,9 @@ repeat
           call('DEL', ledger)
         end
       elseif alg == 'V' then
-        remaining, reset = s1[i] and 1 or 0, 0
+        remaining, reset = S[o + S1] and 1 or 0, 0
       elseif alg == 'n' or alg == 'Gn' or alg == 'Rn' then
-        local used, mine, member = s1[i], s2[i], ARGV[p + 4]
+        local used, mine, member = S[o + S1], S[o + S2], ARGV[p + 4]
         -- A renewal writes its member back even when it was gone: its request is in flight, so
         -- slots lost with Redis's data (or lapsed while the worker could not reach it) count
         -- again one renewal later, instead of for as long as their requests run.
@@ -957,12 +1069,12 @@ repeat
         if alg == 'n' and not ok then
           reset = 1000
         end
-      elseif #alg == 2 then
+      else
         -- A give-back of u units with its token; nothing is written if the reservation is gone
         -- or of an older life of the key (its rid is not in the ledger).
-        local v, u, token_in = s4[i], cost, burst
+        local v, u, token_in = S[o + S4], cost, burst
         local ledger = ledger_of(key)
-        local mine = ledger and pcall_redis('ZREM', ledger, rids[i]) == 1
+        local mine = ledger and pcall_redis('ZREM', ledger, S[o + RID]) == 1
         remaining, reset = 0, mine and 1 or 0
         if not mine then
           remaining = 0
@@ -977,7 +1089,7 @@ repeat
             j = j + n
           end
           -- Entries that have left the window but are not pruned yet still count here.
-          remaining = max(0, limit - s1[i] + removed)
+          remaining = max(0, limit - S[o + S1] + removed)
         elseif alg == 'Gp' then
           remaining = limit
           if v then
@@ -1040,7 +1152,7 @@ repeat
           -- Gg: only the TAT this reservation left, exactly: units taken after it may sit in
           -- slots after the returned ones, and moving them earlier could put them before their
           -- arrival (two holders: the second one's units would come too close).
-          local ms, r = s1[i], s2[i]
+          local ms, r = S[o + S1], S[o + S2]
           if v and r < limit and (ms % TAT_TOKEN_MOD) * limit + r + 1 == token_in then
             local uq, ur = muldiv(u, w, limit)
             ms, r = ms - uq, r - ur
@@ -1055,66 +1167,13 @@ repeat
             end
           end
         end
-      else
-        local ms, r = s1[i], s2[i]
-        if want and want > 0 then
-          -- The granted units arrive at now + lease (or behind this request's units): the room
-          -- is what still conforms from there, (now + burst*T - start) / T.
-          local sms, sr = s3[i], s4[i]
-          if sms < now + lease then
-            sms, sr = now + lease, 0
-          end
-          local bq, br = muldiv(burst, w, limit)
-          local ahead = now + bq - sms
-          if ahead >= 0 then
-            local q, rem = muldiv(limit, ahead, w)
-            local room = q + floor((rem + br - sr) / w)
-            if room >= 4 then
-              grant = min(want, floor(room / 4))
-              local gq, gr = muldiv(grant, w, limit)
-              sms, sr = sms + gq, sr + gr
-              if sr >= limit then
-                sms, sr = sms + 1, sr - limit
-              end
-              s3[i], s4[i] = sms, sr
-              token = (sms % TAT_TOKEN_MOD) * limit + sr + 1
-            end
-          end
-        end
-        if commit or grant > 0 then
-          ms, r = s3[i], s4[i]
-          call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
-            format('%d', max(1, ms - now + (r > 0 and 1 or 0))))
-        end
-        -- How far the TAT is ahead, in 1/limit ms: (ms - now) * limit + r, kept as whole windows
-        -- (rounded up) to stay exact.
-        local uq, ur = muldiv(limit, ms - now, w)
-        local whole = uq + ceil((ur + r) / w)
-        remaining = max(0, burst - whole)
-        if not ok then
-          if cost > burst then
-            -- It can never fit; the module does not even ask. Answer like the other algorithms.
-            reset = w
-          else
-            -- Until the new TAT is within burst spacings of now.
-            local bq, br = muldiv(burst, w, limit)
-            reset = max(1, s3[i] - now - bq + (s4[i] > br and 1 or 0))
-          end
-        elseif ms == now and r == 0 then
-          reset = 0
-        else
-          -- One more unit is back once the TAT is within (burst - remaining - 1) spacings.
-          local kq, kr = muldiv(burst - remaining - 1, w, limit)
-          reset = max(0, ms - now - kq + (r > kr and 1 or 0))
-        end
       end
       if not (reset < MAX_TIME) then
         -- Only from scores someone else wrote (inf): the longest wait the zone can have.
         reset = w
       end
-      result[#result + 1] = ok and 1 or 0
-      result[#result + 1] = remaining
-      result[#result + 1] = reset
+      result[nres + 1], result[nres + 2], result[nres + 3] = ok and 1 or 0, remaining, reset
+      nres = nres + 3
       if want then
         local rid = 0
         if grant == 0 then
@@ -1134,10 +1193,9 @@ repeat
             call('PEXPIRE', ledger, format('%d', lease + LEDGER_GRACE))
           end
         end
-        result[#result + 1] = grant
-        result[#result + 1] = lease
-        result[#result + 1] = token
-        result[#result + 1] = rid
+        result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4] =
+          grant, lease, token, rid
+        nres = nres + 4
       end
     end
   until true
@@ -1145,7 +1203,7 @@ repeat
   ndecisions = ndecisions + 1
   replies[ndecisions] = result
   a, k = next_clock, k + nzones
-until a > #ARGV
+until a > nargv
 
 if ndecisions == 1 then
   return replies[1]
