@@ -11,6 +11,10 @@
 # htpasswd: user:pass ("dXNlcjpwYXNz"); "dXNlcjp3cm9uZw==" is user:wrong.
 # auth_request blocks need ngx_http_auth_request_module (Debian's nginx has
 # it, the vendored build does not): they are skipped without it.
+# A rejection after the first is REJECTED(_CACHED)?: from memory when it comes
+# within 100 ms of the first, or once the worker's tracker (which the first
+# starts) is ready, from Redis otherwise (a loaded machine): both end the
+# request the same way, which is what these blocks are about.
 use lib 't/lib';
 use RLTest;
 
@@ -81,7 +85,7 @@ user:{PLAIN}pass
 ["X-RL: PASSED",
  "X-RL: PASSED",
  "X-RL: REJECTED\n!WWW-Authenticate\nRateLimit-Remaining: 0\nRetry-After: (9|10)",
- "X-RL: REJECTED_CACHED\n!WWW-Authenticate\nRateLimit-Remaining: 0\nRetry-After: (9|10)"]
+ "X-RL: REJECTED(_CACHED)?\n!WWW-Authenticate\nRateLimit-Remaining: 0\nRetry-After: (9|10)"]
 --- rl_redis_check
 ZCARD rl:api:a => 2
 
@@ -110,8 +114,8 @@ user:{PLAIN}pass
 ["", "", "", "Authorization: Basic dXNlcjpwYXNz", ""]
 --- error_code eval
 [200, 200, 429, 429, 200]
---- response_headers eval
-["X-RL: PASSED\n!WWW-Authenticate", "X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED_CACHED",
+--- response_headers_like eval
+["X-RL: PASSED\n!WWW-Authenticate", "X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED(_CACHED)?",
  "X-RL: PASSED"]
 --- rl_redis_check
 ZCARD rl:api:a => 2
@@ -229,8 +233,8 @@ access forbidden by rule
 ["", "X-Pass: 1", "X-Pass: 1", ""]
 --- error_code eval
 [401, 200, 429, 429]
---- response_headers eval
-["X-RL: PASSED", "X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED_CACHED"]
+--- response_headers_like eval
+["X-RL: PASSED", "X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED(_CACHED)?"]
 --- rl_redis_check
 ZCARD rl:api:a => 2
 --- rl_access_log eval
@@ -324,8 +328,6 @@ user:{PLAIN}pass
 --- error_code eval
 [200, 200, 401, 401]
 --- response_headers_like eval
-# A rejection is remembered 100 ms only until the worker's tracker (started by the first) is
-# ready, so a later request on a loaded machine may be rejected by Redis again.
 ["X-RL: PASSED", "X-RL: REJECTED", "X-RL: REJECTED(_CACHED)?", "X-RL: REJECTED(_CACHED)?"]
 --- rl_redis_check
 ZCARD rl:api:a => 1
