@@ -87,6 +87,11 @@ pub struct Framer {
 }
 
 impl Framer {
+    /// Whether no part of a reply has been framed yet.
+    fn is_fresh(&self) -> bool {
+        self.at == 0 && self.open.is_empty()
+    }
+
     /// The bytes of the reply at the start of `buf`, once all of them have arrived: `Ok(None)`
     /// until then. The outcome is [`decode_within`]'s for the same bytes, wherever reads cut
     /// them. Between calls `buf` may only grow at its end; after `Some` or an error the framer
@@ -165,6 +170,14 @@ pub fn decode_framed(
     buf: &[u8],
     limit: usize,
 ) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    // A reply that came whole in one read (a script call's, nearly always) is decoded at once:
+    // framing it first walked every line of it twice. The framer takes over only for a reply
+    // still incomplete, whose first read then costs one decode that is thrown away.
+    if framer.is_fresh() {
+        if let done @ (Ok(Some(_)) | Err(_)) = decode_within(buf, limit) {
+            return done;
+        }
+    }
     match framer.frame(buf, limit)? {
         Some(n) => decode_within(&buf[..n], limit),
         None => Ok(None),
