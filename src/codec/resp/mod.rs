@@ -298,11 +298,28 @@ pub fn put_bulk_parts(out: &mut Vec<u8>, parts: &[&[u8]]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends an integer as a bulk-string argument, without a heap allocation.
+/// Appends an integer as a bulk-string argument, without a heap allocation. The whole
+/// argument is assembled on the stack and appended at once: a decision's arguments are mostly
+/// integers, and going through [`put_bulk_parts`] wrote each in five appends and formatted its
+/// length as a second number.
 pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
     let mut digits = [0u8; 20];
     let s = fmt_u64(v, &mut digits);
-    put_bulk(out, s);
+    // `$`, at most two digits of length (20), CRLF, the digits, CRLF.
+    let mut arg = [0u8; 27];
+    arg[0] = b'$';
+    let mut at = 1;
+    if s.len() >= 10 {
+        arg[at] = b'0' + (s.len() / 10) as u8;
+        at += 1;
+    }
+    arg[at] = b'0' + (s.len() % 10) as u8;
+    arg[at + 1..at + 3].copy_from_slice(b"\r\n");
+    at += 3;
+    arg[at..at + s.len()].copy_from_slice(s);
+    at += s.len();
+    arg[at..at + 2].copy_from_slice(b"\r\n");
+    out.extend_from_slice(&arg[..at + 2]);
 }
 
 /// What a sentinel said to `SENTINEL get-master-addr-by-name`.

@@ -46,6 +46,27 @@ fn encoding_matches_the_redis_crate() {
     assert_eq!(out, b"$20\r\n18446744073709551615\r\n$1\r\n0\r\n");
 }
 
+/// Integers of every length, across the one- and two-digit length prefix, as `put_bulk` and the
+/// `redis` crate write them.
+#[test]
+fn integers_of_every_length_match_the_redis_crate() {
+    let mut p = 1u64;
+    let mut values = vec![0, u64::MAX];
+    while let Some(next) = p.checked_mul(10) {
+        values.extend([p - 1, p, next - 1]);
+        p = next;
+    }
+    for v in values {
+        let (mut ours, mut plain) = (Vec::new(), Vec::new());
+        put_bulk_int(&mut ours, v);
+        put_bulk(&mut plain, v.to_string().as_bytes());
+        assert_eq!(ours, plain, "{v}");
+        let mut cmd = redis::cmd("X");
+        cmd.arg(v);
+        assert!(cmd.get_packed_command().ends_with(&ours), "{v}");
+    }
+}
+
 #[test]
 fn decodes_every_type() {
     let cases: Vec<(&[u8], Reply)> = vec![
