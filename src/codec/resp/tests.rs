@@ -142,6 +142,38 @@ fn pipelined_replies_are_framed_one_by_one() {
     assert_eq!(&wire[pos..], b":5");
 }
 
+/// Integers at the edges of i64 and of nineteen digits, and digits' neighbours in ASCII.
+#[test]
+fn integers_at_their_limits() {
+    let int = |s: &str| decode(format!(":{s}\r\n").as_bytes()).map(|r| r.map(|(r, _)| r));
+    for (s, v) in [
+        ("0", 0),
+        ("-0", 0),
+        ("007", 7),
+        ("9223372036854775807", i64::MAX),
+        ("-9223372036854775807", -i64::MAX),
+        ("1000000000000000000", 1_000_000_000_000_000_000),
+    ] {
+        assert_eq!(int(s), Ok(Some(Reply::Int(v))), "{s}");
+    }
+    for s in [
+        "9223372036854775808",
+        "-9223372036854775808",
+        "9999999999999999999",
+        "00000000000000000001",
+        "",
+        "-",
+        "+1",
+        "1-",
+        "--1",
+        "1/",
+        "1:",
+        " 1",
+    ] {
+        assert_eq!(int(s), Err(ProtocolError::BadInteger), "{s}");
+    }
+}
+
 #[test]
 fn rejects_garbage() {
     assert_eq!(decode(b"HTTP/1.1 200 OK\r\n"), Err(ProtocolError::BadType(b'H')));
