@@ -140,15 +140,19 @@ pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&Args], mixed: b
 /// The replies of a call that decided `n` decisions: one per decision, in order (an error among
 /// them concerns that decision alone); or `Err` with the reply that concerns the whole call
 /// (`NOSCRIPT`, a script that could not run), for the caller to hand to each of the `n`. A call
-/// of one decision answers that decision's reply itself.
-pub fn split_batch(reply: Reply, n: usize) -> Result<Vec<Reply>, Reply> {
+/// of one decision answers that decision's reply itself, and is handed on without a heap
+/// allocation (a call of one is the common case on a lightly loaded connection).
+pub fn split_batch(reply: Reply, n: usize) -> Result<BatchReplies, Reply> {
     match reply {
         Reply::Error(_) => Err(reply),
-        reply if n == 1 => Ok(vec![reply]),
-        Reply::Array(Some(items)) if items.len() == n => Ok(items),
+        reply if n == 1 => Ok(Some(reply).into_iter().chain(Vec::new())),
+        Reply::Array(Some(items)) if items.len() == n => Ok(None.into_iter().chain(items)),
         other => Err(other),
     }
 }
+
+/// The replies [`split_batch`] hands out, in order.
+pub type BatchReplies = core::iter::Chain<core::option::IntoIter<Reply>, std::vec::IntoIter<Reply>>;
 
 #[cfg(test)]
 mod tests {

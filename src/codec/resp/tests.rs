@@ -46,6 +46,27 @@ fn encoding_matches_the_redis_crate() {
     assert_eq!(out, b"$20\r\n18446744073709551615\r\n$1\r\n0\r\n");
 }
 
+/// Integers of every length, across the one- and two-digit length prefix, as `put_bulk` and the
+/// `redis` crate write them.
+#[test]
+fn integers_of_every_length_match_the_redis_crate() {
+    let mut p = 1u64;
+    let mut values = vec![0, u64::MAX];
+    while let Some(next) = p.checked_mul(10) {
+        values.extend([p - 1, p, next - 1]);
+        p = next;
+    }
+    for v in values {
+        let (mut ours, mut plain) = (Vec::new(), Vec::new());
+        put_bulk_int(&mut ours, v);
+        put_bulk(&mut plain, v.to_string().as_bytes());
+        assert_eq!(ours, plain, "{v}");
+        let mut cmd = redis::cmd("X");
+        cmd.arg(v);
+        assert!(cmd.get_packed_command().ends_with(&ours), "{v}");
+    }
+}
+
 #[test]
 fn decodes_every_type() {
     let cases: Vec<(&[u8], Reply)> = vec![
@@ -119,6 +140,38 @@ fn pipelined_replies_are_framed_one_by_one() {
     assert_eq!(got.len(), 3);
     assert_eq!(got[1], Reply::Error(b"ERR x".to_vec()));
     assert_eq!(&wire[pos..], b":5");
+}
+
+/// Integers at the edges of i64 and of nineteen digits, and digits' neighbours in ASCII.
+#[test]
+fn integers_at_their_limits() {
+    let int = |s: &str| decode(format!(":{s}\r\n").as_bytes()).map(|r| r.map(|(r, _)| r));
+    for (s, v) in [
+        ("0", 0),
+        ("-0", 0),
+        ("007", 7),
+        ("9223372036854775807", i64::MAX),
+        ("-9223372036854775807", -i64::MAX),
+        ("1000000000000000000", 1_000_000_000_000_000_000),
+    ] {
+        assert_eq!(int(s), Ok(Some(Reply::Int(v))), "{s}");
+    }
+    for s in [
+        "9223372036854775808",
+        "-9223372036854775808",
+        "9999999999999999999",
+        "00000000000000000001",
+        "",
+        "-",
+        "+1",
+        "1-",
+        "--1",
+        "1/",
+        "1:",
+        " 1",
+    ] {
+        assert_eq!(int(s), Err(ProtocolError::BadInteger), "{s}");
+    }
 }
 
 #[test]

@@ -84,29 +84,29 @@ fn decode_args_reply(
         _ => return Err(ReplyError::Unexpected),
     };
     let mut at = 1;
-    let zones = (0..zones)
-        .map(|z| {
-            let mut v = ZoneVerdict {
-                ok: int(at)? == 1,
-                remaining: int(at + 1)?,
-                reset_ms: int(at + 2)?,
-                grant: Grant::default(),
+    // Sized once: collecting results through an iterator of `Result`s starts small and grows.
+    let mut verdicts = Vec::with_capacity(zones);
+    for z in 0..zones {
+        let mut v = ZoneVerdict {
+            ok: int(at)? == 1,
+            remaining: int(at + 1)?,
+            reset_ms: int(at + 2)?,
+            grant: Grant::default(),
+        };
+        at += 3;
+        if leased(z) {
+            v.grant = Grant {
+                units: int(at)?,
+                life_ms: int(at + 1)?,
+                token: int(at + 2)?,
+                rid: int(at + 3)?,
             };
-            at += 3;
-            if leased(z) {
-                v.grant = Grant {
-                    units: int(at)?,
-                    life_ms: int(at + 1)?,
-                    token: int(at + 2)?,
-                    rid: int(at + 3)?,
-                };
-                at += 4;
-            }
-            Ok(v)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if allowed && zones.iter().any(|z| !z.ok) {
+            at += 4;
+        }
+        verdicts.push(v);
+    }
+    if allowed && verdicts.iter().any(|z| !z.ok) {
         return Err(ReplyError::Unexpected);
     }
-    Ok(Decision { allowed, zones })
+    Ok(Decision { allowed, zones: verdicts })
 }

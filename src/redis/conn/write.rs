@@ -32,7 +32,9 @@ impl Conn {
         // SAFETY: the pool outlives its connections.
         let (metrics, per_node, script) =
             unsafe { ((*self.pool).metrics, (*self.pool).per_node(), (*self.pool).conf().script) };
-        let mut batch: Vec<&Args> = Vec::new();
+        // The batch's arguments on the stack: a `Vec` here was a heap allocation per call.
+        let unused = Args::default();
+        let mut batch = [&unused; MAX_BATCH_DECISIONS];
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
             let Some(head) = self.queued.front().map(|q| q.cmd) else { break };
             if let Payload::Raw(bytes) = head.payload {
@@ -46,21 +48,21 @@ impl Conn {
             }
             let room = MAX_IN_FLIGHT - self.in_flight.len();
             let most = if head.asking || head.alone { 1 } else { room.min(MAX_BATCH_DECISIONS) };
-            let (mut bytes, mut reload, mut mixed) = (0, false, false);
-            batch.clear();
+            let (mut n, mut bytes, mut reload, mut mixed) = (0, 0, false, false);
             for q in self.queued.iter().take(most) {
                 let Payload::Decision(args) = q.cmd.payload else { break };
-                if !batch.is_empty() && !batch::joins(head.shape(), q.cmd.shape(), per_node) {
+                if n > 0 && !batch::joins(head.shape(), q.cmd.shape(), per_node) {
                     break;
                 }
                 // SAFETY: a queued decision is pending (a cancelled one left the queue), so
                 // its request and the arguments in its pool are alive.
                 let args = unsafe { args.as_ref() };
                 bytes += args.wire_len();
-                if !batch.is_empty() && bytes > MAX_BATCH_BYTES {
+                if n > 0 && bytes > MAX_BATCH_BYTES {
                     break;
                 }
-                batch.push(args);
+                batch[n] = args;
+                n += 1;
                 reload |= q.cmd.reload;
                 mixed |= q.cmd.slot != head.slot;
             }
@@ -75,11 +77,11 @@ impl Conn {
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
                 self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
             }
-            call::write_batch(&mut self.out, script, &batch, mixed);
-            let sent = Sent::new(now, batch.len(), written, resp::MAX_REPLY_LEN);
+            call::write_batch(&mut self.out, script, &batch[..n], mixed);
+            let sent = Sent::new(now, n, written, resp::MAX_REPLY_LEN);
             self.sent.push_back(Sent { mixed, ..sent });
-            metrics.gauge(Gauge::InFlight, batch.len() as i64);
-            for q in self.queued.drain(..batch.len()) {
+            metrics.gauge(Gauge::InFlight, n as i64);
+            for q in self.queued.drain(..n) {
                 self.in_flight.push_back((q.seq, Some(q.waiter), q.cmd));
             }
         }
