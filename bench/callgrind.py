@@ -106,3 +106,11 @@ def instructions_per_call(script, command, calls, keys, cluster=False, check=Non
         proc.terminate()
         proc.wait(60)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def write_report(path, lines):
+    """The report's lines to `path`, and to stdout for whoever ran it."""
+    text = "\n".join(lines) + "\n"
+    with open(path, "w") as fh:
+        fh.write(text)
+    print(text)

@@ -206,10 +206,7 @@ def main():
         " instruction ratios." % a.instruction_decisions if instr else
         "Instructions: not counted (--instruction-decisions 0).",
     ]
-    text = "\n".join(lines) + "\n"
-    with open(a.out, "w") as fh:
-        fh.write(text)
-    print(text)
+    C.write_report(a.out, lines)
 
 
 if __name__ == "__main__":

@@ -272,10 +272,7 @@ def main():
             " fixed arguments. The logic is the rest: reading and"
             " checking the arguments, the arithmetic, formatting numbers for the commands.",
         ]
-    text = "\n".join(lines) + "\n"
-    with open(a.out, "w") as fh:
-        fh.write(text)
-    print(text)
+    C.write_report(a.out, lines)
 
 
 if __name__ == "__main__":
