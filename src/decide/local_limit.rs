@@ -119,7 +119,7 @@ impl LocalLimiter {
                 v.reset_ms = self.next_unit_ms(z, i, v.remaining, now_ms);
             }
         }
-        Some(Decision { allowed, zones: verdicts })
+        Some(Decision { allowed, wait_ms: 0, zones: verdicts })
     }
 
     /// Whether `new` more counters fit, after dropping those that no longer count if the table

@@ -36,6 +36,26 @@ pub fn valid_zone_name(name: &str) -> bool {
 /// for good.
 pub const MAX_LEASE_MS: u64 = 3_600_000;
 
+/// The longest `delay=`: a waiting request holds its connection and a place in every zone of its
+/// location, which a client that never comes back keeps until the wait ends.
+pub const MAX_DELAY_MS: u64 = 3_600_000;
+
+/// A `ratelimit` line's `delay=`: a time with its unit, at most an hour. A bare number is what
+/// `limit_req`'s `delay=8` means, a count of requests, so it is refused with what to write.
+pub fn parse_delay(value: &str) -> Result<u64, String> {
+    let unit = value.bytes().any(|b| b.is_ascii_alphabetic());
+    match parse_msec(value).filter(|_| unit) {
+        Some(ms) if ms <= MAX_DELAY_MS => Ok(ms),
+        Some(_) => Err("the longest delay is 1h".into()),
+        None if !unit && parse_uint(value, 0, MAX_LIMIT).is_some() => Err(format!(
+            "delay= is the longest wait, a time such as \"delay=2s\" or \"delay=500ms\"; \
+             limit_req's delay={value} (requests admitted without delay) is the zone's \
+             burst= with algorithm=gcra (docs/delay.md)"
+        )),
+        None => Err("write a time such as \"delay=2s\" or \"delay=500ms\"".into()),
+    }
+}
+
 /// What an operator used to `limit_req` meant by a parameter this module does not take, and
 /// what to write instead: the text that follows the error, or `None`.
 pub fn limit_req_hint(directive: &str, arg: &str) -> Option<String> {
@@ -45,9 +65,9 @@ pub fn limit_req_hint(directive: &str, arg: &str) -> Option<String> {
             ": a burst belongs to the zone, write \"ratelimit_zone ... algorithm=gcra \
              burst={value}\" and \"ratelimit NAME;\""
         )),
-        ("ratelimit", "nodelay" | "delay") => Some(
-            ": a request is never delayed, it is admitted or rejected at once (limit_req's \
-             nodelay): remove it"
+        ("ratelimit", "nodelay") => Some(
+            ": a request is admitted or rejected at once unless its line says \"delay=TIME\" \
+             (docs/delay.md): remove it"
                 .into(),
         ),
         ("ratelimit_zone", "rate") => Some(match limit_req_rate(value) {
@@ -106,6 +126,19 @@ mod tests {
     }
 
     #[test]
+    fn delays() {
+        assert_eq!(parse_delay("2s"), Ok(2000));
+        assert_eq!(parse_delay("500ms"), Ok(500));
+        assert_eq!(parse_delay("1h"), Ok(MAX_DELAY_MS));
+        assert_eq!(parse_delay("0s"), Ok(0));
+        assert!(parse_delay("8").unwrap_err().contains("burst="));
+        assert!(parse_delay("2h").unwrap_err().contains("1h"));
+        for bad in ["", "x", "2 parsecs", "-1s"] {
+            assert!(parse_delay(bad).unwrap_err().contains("delay=2s"), "{bad}");
+        }
+    }
+
+    #[test]
     fn zone_names() {
         for ok in ["api", "per-ip", "plan_gold", "v1.users"] {
             assert!(valid_zone_name(ok), "{ok}");
@@ -120,7 +153,6 @@ mod tests {
         let hint = |d, a| limit_req_hint(d, a).unwrap_or_default();
         assert!(hint("ratelimit", "burst=5").contains("algorithm=gcra burst=5"));
         assert!(hint("ratelimit", "nodelay").contains("remove it"));
-        assert!(hint("ratelimit", "delay=3").contains("never delayed"));
         assert!(hint("ratelimit_zone", "rate=10r/s").contains("\"limit=10 window=1s\""));
         assert!(hint("ratelimit_zone", "rate=600r/m").contains("\"limit=600 window=1m\""));
         assert!(hint("ratelimit_zone", "rate=fast").contains("limit=N window=T"));

@@ -167,7 +167,7 @@ pub fn local_decision(parts: &[LocalPart], rate: Option<&Decision>) -> Decision 
             }),
         })
         .collect();
-    Decision { allowed, zones }
+    Decision { allowed, wait_ms: 0, zones }
 }
 
 impl Slots {
@@ -498,7 +498,7 @@ mod tests {
 
         let ok =
             |remaining| ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
-        let rate = Decision { allowed: true, zones: vec![ok(7)] };
+        let rate = Decision { allowed: true, wait_ms: 0, zones: vec![ok(7)] };
         let parts =
             [LocalPart::Rate { limit: 10 }, LocalPart::Concurrency { in_flight: 1, limit: 2 }];
         let d = local_decision(&parts, Some(&rate));
@@ -511,7 +511,7 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!((d.zones[1].ok, d.zones[1].reset_ms, d.deciding_zone()), (false, 1000, 1));
         // The rates reject: no slot.
-        let no = Decision { allowed: false, zones: vec![ZoneVerdict { ok: false, ..ok(0) }] };
+        let no = Decision { allowed: false, wait_ms: 0, zones: vec![ZoneVerdict { ok: false, ..ok(0) }] };
         let d = local_decision(&parts, Some(&no));
         assert!(!d.allowed);
         assert_eq!(d.zones[1].remaining, 1, "not taken");

@@ -6,6 +6,8 @@ pub enum Status {
     Pending,
     Skipped,
     Passed,
+    /// Admitted after waiting for its turn (`delay=`), recorded in Redis at that instant.
+    Delayed,
     /// Admitted from units this worker reserved in Redis earlier (`lease=`), without asking.
     PassedLease,
     Rejected,
@@ -27,6 +29,7 @@ impl Status {
             Status::Skipped => b"SKIPPED",
             Status::Passed => b"PASSED",
             Status::PassedLease => b"PASSED_LEASE",
+            Status::Delayed => b"DELAYED",
             Status::Rejected => b"REJECTED",
             Status::RejectedCached => b"REJECTED_CACHED",
             Status::PassedLocal => b"PASSED_LOCAL",

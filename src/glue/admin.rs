@@ -171,6 +171,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         // held, lapsed ones pruned, and takes none.
         member: zone.concurrency().then_some(&b"admin"[..]),
         lease: None,
+        delay: None,
     };
 
     let pool = Pool::from_ngx_pool((*r).pool);

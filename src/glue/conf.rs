@@ -120,6 +120,8 @@ pub struct MainConf {
     pub local: RefCell<Option<LocalLimiter>>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
     pub local_size: Option<u64>,
+    /// Requests of this worker waiting for their turn (`delay=`).
+    pub waiting: Cell<u64>,
     /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
     pub metrics_size: Option<u64>,
     pub metrics: Cell<Metrics>,
@@ -153,6 +155,7 @@ impl Default for MainConf {
             slots: RefCell::new(None),
             local: RefCell::new(None),
             local_size: None,
+            waiting: Cell::new(0),
             metrics_size: None,
             metrics: Cell::new(Metrics::disabled()),
             metrics_cells: OnceCell::new(),
@@ -167,6 +170,9 @@ pub struct LimitRef {
     pub name: String,
     pub zone: usize,
     pub cost: Param,
+    /// `delay=`: how long a request this zone cannot admit now may wait for its turn, in ms
+    /// (0: none, rejected at once).
+    pub delay_ms: u64,
     /// Where the line was, for errors found after parsing.
     pub file: String,
     pub line: ngx_uint_t,
@@ -262,6 +268,29 @@ pub unsafe extern "C" fn merge_loc_conf(
                 "ratelimit \"%s\" is a concurrency zone: a request holds one slot, cost= must \
                  be 1",
             );
+        }
+    }
+    if let Some(delayed) = limits.iter().find(|l| l.delay_ms > 0) {
+        let delayed = delayed.name.clone();
+        for limit in limits.iter() {
+            let zone = &mcf.zones[limit.zone];
+            let why = match zone.algorithm {
+                Algorithm::Balance => "a balance zone, which nothing refills by time",
+                Algorithm::Concurrency => "a concurrency zone, whose slots have no known end",
+                _ if zone.member.is_some() => "a sliding_log with member=, whose entries are \
+                                               the requests' own",
+                _ => continue,
+            };
+            let what = if limit.delay_ms > 0 {
+                format!("ratelimit \"%s\" is {why}: a request cannot wait for it, remove delay=")
+            } else {
+                format!(
+                    "ratelimit \"%s\" is {why}: a request of this location may wait for its \
+                     turn in zone \"{delayed}\" (delay=), which records it at that instant in \
+                     every zone of the location; give this zone a location of its own"
+                )
+            };
+            return fail(cf, limit, &what);
         }
     }
     if !inherited {

@@ -1,5 +1,5 @@
 //! `$ratelimit_status`, `$ratelimit_zone`, `$ratelimit_limit`, `$ratelimit_remaining`,
-//! `$ratelimit_reset`, `$ratelimit_time`.
+//! `$ratelimit_reset`, `$ratelimit_time`, `$ratelimit_delay`.
 //!
 //! Not cacheable, so the access log sees the final value; read from the main request's context,
 //! which survives internal redirects.
@@ -25,6 +25,8 @@ const ZONE: usize = 4;
 /// When the decision was asked for (sent to Redis, or made from this worker's memory), on the
 /// wall clock, as `$msec` writes it: the access log's `$msec` trails it by the request's life.
 const TIME: usize = 5;
+/// How long the request waited for its turn (`delay=`), in ms: 0 when it did not.
+const DELAY: usize = 6;
 
 const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     ngx_http_variable_t {
@@ -37,13 +39,14 @@ const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     }
 }
 
-static mut VARIABLES: [ngx_http_variable_t; 6] = [
+static mut VARIABLES: [ngx_http_variable_t; 7] = [
     var(ngx_string!("ratelimit_status"), STATUS),
     var(ngx_string!("ratelimit_limit"), LIMIT),
     var(ngx_string!("ratelimit_remaining"), REMAINING),
     var(ngx_string!("ratelimit_reset"), RESET),
     var(ngx_string!("ratelimit_zone"), ZONE),
     var(ngx_string!("ratelimit_time"), TIME),
+    var(ngx_string!("ratelimit_delay"), DELAY),
 ];
 
 /// # Safety
@@ -75,6 +78,10 @@ unsafe extern "C" fn get(
         return set(v, ctx.status.as_bytes().as_ptr() as *mut u8, ctx.status.as_bytes().len());
     }
     let mut text = StackText::default();
+    if data == DELAY {
+        text.num(ctx.wait_ms);
+        return text.get().map_or(NGX_ERROR as ngx_int_t, |t| copy(r, v, t));
+    }
     if data == TIME {
         if ctx.asked_ms == 0 {
             return NGX_OK as ngx_int_t;

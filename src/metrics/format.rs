@@ -166,7 +166,17 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
         }
         let d = "ratelimit_deny_cache_entries";
         writeln!(o, "# HELP {d} Rejections remembered by the deny caches, over all workers.")?;
-        writeln!(o, "# TYPE {d} gauge\n{d} {}", v.deny_cache_entries())
+        writeln!(o, "# TYPE {d} gauge\n{d} {}", v.deny_cache_entries())?;
+        let (delayed, delay_ms) = v.delayed();
+        let d = "ratelimit_requests_waiting";
+        writeln!(o, "# HELP {d} Requests waiting for their turn (delay=), over all workers.")?;
+        writeln!(o, "# TYPE {d} gauge\n{d} {}", v.waiting())?;
+        let d = "ratelimit_delayed_requests_total";
+        writeln!(o, "# HELP {d} Requests admitted after a wait (delay=).")?;
+        writeln!(o, "# TYPE {d} counter\n{d} {delayed}")?;
+        let d = "ratelimit_delay_seconds_total";
+        writeln!(o, "# HELP {d} The waits of delayed requests, summed.")?;
+        writeln!(o, "# TYPE {d} counter\n{d} {}", Seconds(delay_ms * 1000))
     })();
     o
 }
@@ -227,7 +237,15 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
             let sep = if i == 0 { "" } else { "," };
             write!(o, "{sep}\"{class}\":{}", v.replies(i))?;
         }
-        writeln!(o, "}}}}}},\"deny_cache_entries\":{}}}", v.deny_cache_entries())
+        let (delayed, delay_ms) = v.delayed();
+        writeln!(
+            o,
+            "}}}}}},\"deny_cache_entries\":{},\"delays\":{{\"waiting\":{},\"delayed\":{delayed},\
+             \"delay_seconds\":{}}}}}",
+            v.deny_cache_entries(),
+            v.waiting(),
+            Seconds(delay_ms * 1000)
+        )
     })();
     o
 }
@@ -256,6 +274,9 @@ mod tests {
         m.round_trip(150);
         m.round_trip(1_500_000);
         m.error_reply(b"BUSY running");
+        m.delay(1500);
+        m.delay(250);
+        m.waited();
         m.snapshot().unwrap()
     }
 
@@ -279,6 +300,9 @@ mod tests {
             "ratelimit_redis_error_replies_total{server=\"127.0.0.1:6379\",class=\"BUSY\"} 1",
             "# TYPE ratelimit_redis_connections gauge",
             "ratelimit_deny_cache_entries 0",
+            "ratelimit_requests_waiting 1",
+            "ratelimit_delayed_requests_total 2",
+            "ratelimit_delay_seconds_total 1.75",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -306,7 +330,9 @@ mod tests {
             _ => d,
         });
         assert_eq!(depth, 0, "{text}");
-        assert!(text.ends_with("\"deny_cache_entries\":0}\n"), "{text}");
+        let delays = "\"deny_cache_entries\":0,\"delays\":{\"waiting\":1,\"delayed\":2,\
+                      \"delay_seconds\":1.75}}\n";
+        assert!(text.ends_with(delays), "{text}");
         assert!(text.contains(",\"connects\":0,\"script_loads\":0,\"breaker_openings\":0,"));
     }
 

@@ -157,7 +157,11 @@ const R_BREAKER_OPEN: usize = R_BREAKER_OPENINGS + 1;
 const R_REROUTED: usize = R_BREAKER_OPEN + 1;
 const REDIS_CELLS: usize = R_REROUTED + 1;
 const W_DENY_ENTRIES: usize = 0;
-const WORKER_CELLS: usize = 1;
+/// Requests waiting for their turn (`delay=`), those delayed, and their waits in ms.
+const W_WAITING: usize = 1;
+const W_DELAYED: usize = 2;
+const W_DELAY_MS: usize = 3;
+const WORKER_CELLS: usize = 4;
 
 /// The cells of a snapshot of `zones` zones.
 const fn cells(zones: usize) -> usize {
@@ -206,7 +210,10 @@ impl Metrics {
     }
 
     /// A request's final status in each of its zones `(zone, cost)`, and the units it recorded.
+    /// A delayed request is admitted, and is counted `PASSED` in its zones; its wait is counted
+    /// by [`Metrics::delay`].
     pub fn request(&self, status: Status, zones: impl Iterator<Item = (usize, u64)>) {
+        let status = if status == Status::Delayed { Status::Passed } else { status };
         let recorded = matches!(status, Status::Passed | Status::PassedLease | Status::PassedLocal);
         for (zone, cost) in zones {
             self.decision(zone, status, if recorded { cost } else { 0 });
@@ -275,11 +282,27 @@ impl Metrics {
         self.redis(g as usize, delta as u64);
     }
 
-    pub fn deny_cache_entries(&self, delta: i64) {
+    fn worker(&self, i: usize, n: u64) {
         // SAFETY: `new`'s contract.
         if let Some(c) = unsafe { self.cells.as_ref() } {
-            Self::add(c.worker, W_DENY_ENTRIES, delta as u64);
+            Self::add(c.worker, i, n);
         }
+    }
+
+    pub fn deny_cache_entries(&self, delta: i64) {
+        self.worker(W_DENY_ENTRIES, delta as u64);
+    }
+
+    /// A request starts waiting `ms` for its turn.
+    pub fn delay(&self, ms: u64) {
+        self.worker(W_DELAYED, 1);
+        self.worker(W_DELAY_MS, ms);
+        self.worker(W_WAITING, 1);
+    }
+
+    /// A request stops waiting: its turn came, or its client went away.
+    pub fn waited(&self) {
+        self.worker(W_WAITING, (-1i64) as u64);
     }
 
     /// Every cell, in the layout [`View`] reads, one by one: counters of different cells may
@@ -362,6 +385,13 @@ impl View<'_> {
     }
     pub fn deny_cache_entries(&self) -> u64 {
         (self.redis(REDIS_CELLS + W_DENY_ENTRIES) as i64).max(0) as u64
+    }
+    pub fn waiting(&self) -> u64 {
+        (self.redis(REDIS_CELLS + W_WAITING) as i64).max(0) as u64
+    }
+    /// Requests delayed, and their waits in ms.
+    pub fn delayed(&self) -> (u64, u64) {
+        (self.redis(REDIS_CELLS + W_DELAYED), self.redis(REDIS_CELLS + W_DELAY_MS))
     }
 }
 

@@ -6,6 +6,7 @@ use crate::codec::call::Args;
 use crate::codec::resp;
 use crate::decide::key::Key;
 use crate::decide::lease::GiveBack;
+use crate::decide::text::StackText;
 
 use super::Algorithm;
 
@@ -26,6 +27,10 @@ pub struct ZoneArgs<'a> {
     /// `lease=`: the units to reserve besides the cost (0: none, an exact decision) and the
     /// reservation's life in ms. The zone then goes as `<letter>+<want>:<life>`.
     pub lease: Option<(u64, u64)>,
+    /// In a location where some zone has `delay=`: this zone's longest wait in ms (0 for a zone
+    /// without it). Every zone of such a decision sends one, as `<field>~<ms>`, and is answered
+    /// with seven fields: a delayed request is recorded in each of them, to be given back.
+    pub delay: Option<u64>,
 }
 
 /// A decision's arguments: its zone keys, then `now (algorithm limit window cost burst)..`, one
@@ -34,8 +39,8 @@ pub struct ZoneArgs<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodedArgs {
     call: Args,
-    /// Per zone, whether it asks for a reservation (and so is answered with seven fields); empty
-    /// when none does.
+    /// Per zone, whether it asks for a reservation or may wait (and so is answered with seven
+    /// fields); empty when none does.
     leased: Vec<bool>,
 }
 
@@ -64,14 +69,20 @@ impl EncodedArgs {
                 Algorithm::SlidingLog if z.member.is_some() => b"r",
                 a => a.code(),
             };
-            match z.lease {
-                Some((want, life_ms)) => {
-                    leased.resize(count, false);
-                    leased[i] = true;
-                    let field = format!("{}+{want}:{life_ms}", code[0] as char);
-                    resp::put_bulk(&mut bytes, field.as_bytes());
+            if z.lease.is_none() && z.delay.is_none() {
+                resp::put_bulk(&mut bytes, code);
+            } else {
+                leased.resize(count, false);
+                leased[i] = true;
+                let mut field = StackText::default();
+                field.push(code);
+                if let Some((want, life_ms)) = z.lease {
+                    field.push(b"+").num(want).push(b":").num(life_ms);
                 }
-                None => resp::put_bulk(&mut bytes, code),
+                if let Some(ms) = z.delay {
+                    field.push(b"~").num(ms);
+                }
+                resp::put_bulk(&mut bytes, field.get().unwrap_or(code));
             }
             resp::put_bulk_int(&mut bytes, z.limit);
             resp::put_bulk_int(&mut bytes, z.window_ms);

@@ -18,6 +18,9 @@ pub struct ZoneVerdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub allowed: bool,
+    /// Admitted, but only after this many ms (`delay=`): the request is recorded at that
+    /// instant in every zone, each zone's `grant` naming its place for a give-back. 0: now.
+    pub wait_ms: u64,
     pub zones: Vec<ZoneVerdict>,
 }
 
@@ -61,7 +64,7 @@ pub fn decode_reply(reply: &Reply, args: &EncodedArgs) -> Result<Decision, Reply
     decode_args_reply(reply, args.call().zones(), |i| args.leased(i))
 }
 
-/// A zone that asked for a reservation answers seven fields, the others three.
+/// A zone that asked for a reservation or may wait answers seven fields, the others three.
 fn decode_args_reply(
     reply: &Reply,
     zones: usize,
@@ -78,9 +81,11 @@ fn decode_args_reply(
         Reply::Int(v) if v >= 0 => Ok(v as u64),
         _ => Err(ReplyError::Unexpected),
     };
-    let allowed = match int(0)? {
-        0 => false,
-        1 => true,
+    // 2: admitted after a wait, which only a decision whose zones may wait is answered.
+    let (allowed, delayed) = match int(0)? {
+        0 => (false, false),
+        1 => (true, false),
+        2 if (0..zones).all(&leased) => (true, true),
         _ => return Err(ReplyError::Unexpected),
     };
     let mut at = 1;
@@ -108,5 +113,10 @@ fn decode_args_reply(
     if allowed && verdicts.iter().any(|z| !z.ok) {
         return Err(ReplyError::Unexpected);
     }
-    Ok(Decision { allowed, zones: verdicts })
+    // Every zone's place lasts until the wait's end, the same instant in all.
+    let wait_ms = if delayed { verdicts[0].grant.life_ms } else { 0 };
+    if delayed && (wait_ms == 0 || verdicts.iter().any(|z| z.grant.life_ms != wait_ms)) {
+        return Err(ReplyError::Unexpected);
+    }
+    Ok(Decision { allowed, wait_ms, zones: verdicts })
 }

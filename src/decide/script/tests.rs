@@ -23,6 +23,7 @@ fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
         burst: 7,
         member: None,
         lease: None,
+        delay: None,
     }
 }
 
@@ -98,6 +99,39 @@ fn a_zone_asking_for_a_reservation_names_it_in_its_algorithm_field_and_gets_seve
         decode_reply(&ints(&[1, 1, 40, 900, 1, 5, 600]), &args),
         Err(ReplyError::Unexpected)
     );
+}
+
+#[test]
+fn a_location_that_may_delay_sends_every_zone_its_longest_wait_and_gets_seven_fields() {
+    let mut z = zone(Key::new(b"rl:", b"api", b"a"), Algorithm::Gcra, 1);
+    z.delay = Some(5000);
+    z.lease = Some((50, 1000));
+    let mut other = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::SlidingLog, 1);
+    other.delay = Some(0);
+    let args = EncodedArgs::new([z, other].into_iter(), None);
+    assert_call(
+        &args,
+        &[
+            "2", "rl:api:a", "rl:ip:b", "", "g+50:1000~5000", "100", "60000", "1", "7", "l~0",
+            "100", "60000", "1", "0",
+        ],
+    );
+    let reply = [2, 1, 0, 100, 1, 1200, 55, 9, 1, 97, 0, 1, 1200, 4503599627370496, 10];
+    let d = decode_reply(&ints(&reply), &args).unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.wait_ms, 1200);
+    assert_eq!(d.zones[0].grant, Grant { units: 1, life_ms: 1200, token: 55, rid: 9 });
+    assert_eq!(d.zones[1].grant.token, 4503599627370496);
+    // One wait for the whole request, never none.
+    let uneven = [2, 1, 0, 100, 1, 1200, 55, 9, 1, 97, 0, 1, 900, 4, 10];
+    let none = [2, 1, 0, 100, 0, 0, 0, 0, 1, 97, 0, 0, 0, 0, 0];
+    for bad in [uneven, none] {
+        assert_eq!(decode_reply(&ints(&bad), &args), Err(ReplyError::Unexpected), "{bad:?}");
+    }
+    // A decision that may not wait is never answered with one.
+    let plain = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::Gcra, 1)];
+    let plain = EncodedArgs::new(plain.into_iter(), None);
+    assert_eq!(decode_reply(&ints(&[2, 1, 0, 100]), &plain), Err(ReplyError::Unexpected));
 }
 
 #[test]
@@ -287,6 +321,7 @@ fn decodes_allow_and_deny() {
         d,
         Decision {
             allowed: true,
+            wait_ms: 0,
             zones: vec![ZoneVerdict {
                 ok: true,
                 remaining: 41,

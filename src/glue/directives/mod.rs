@@ -19,7 +19,7 @@ use ngx::{ngx_conf_log_error, ngx_string};
 
 use crate::codec::values::{parse_size, parse_uint, split_param, unknown_param};
 use crate::decide::headers::HeaderMode;
-use crate::decide::params::{limit_req_hint, parse_cost};
+use crate::decide::params::{limit_req_hint, parse_cost, parse_delay};
 use crate::decide::script::Algorithm;
 use crate::glue::conf::{FailPolicy, LimitRef, LocConf, MainConf, Param};
 use crate::glue::module::RateLimit;
@@ -305,17 +305,29 @@ unsafe extern "C" fn cmd_ratelimit(
     if limits.iter().any(|l| l.name == name) {
         return IS_DUPLICATE;
     }
-    let mut cost = None;
+    let (mut cost, mut delay_ms) = (None, None);
     for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
-        let parsed = match split_param(s) {
-            Some(("cost", _)) if cost.is_none() => number_or_variable(cf, arg, "cost", parse_cost),
-            Some(("cost", _)) => return invalid(cf, "duplicate parameter", s),
+        match split_param(s) {
+            Some(("cost", _)) if cost.is_none() => {
+                match number_or_variable(cf, arg, "cost", parse_cost) {
+                    Some(p) => cost = Some(p),
+                    None => return invalid(cf, "value", s),
+                }
+            }
+            Some(("delay", value)) if delay_ms.is_none() => match parse_delay(value) {
+                Ok(ms) => delay_ms = Some(ms),
+                Err(hint) => {
+                    ngx_conf_log_error!(
+                        NGX_LOG_EMERG,
+                        cf,
+                        "invalid value \"{s}\" in \"ratelimit\" directive: {hint}"
+                    );
+                    return NGX_CONF_ERROR as _;
+                }
+            },
+            Some(("cost" | "delay", _)) => return invalid(cf, "duplicate parameter", s),
             _ => return unknown(cf, s, i),
-        };
-        match parsed {
-            Some(p) => cost = Some(p),
-            None => return invalid(cf, "value", s),
         }
     }
     let cost = cost.unwrap_or(Param::Fixed(1));
@@ -324,6 +336,7 @@ unsafe extern "C" fn cmd_ratelimit(
         name: name.to_owned(),
         zone: usize::MAX,
         cost,
+        delay_ms: delay_ms.unwrap_or(0),
         file: text(&file.name).to_owned(),
         line: (*(*cf).conf_file).line,
     });

@@ -35,7 +35,9 @@ pub(super) unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool
     let (now, entries) = (ngx_current_msec as u64, cache.len());
     for (i, z) in ctx.zones.iter().enumerate() {
         let Some(key) = z.cached_key() else { continue };
-        if let Some(hit) = cache.check(key, z.cost, z.limit, z.window_ms, now) {
+        // A rejection whose wait the request may sit out (`delay=`) is asked of Redis.
+        let hit = cache.check(key, z.cost, z.limit, z.window_ms, now);
+        if let Some(hit) = hit.filter(|h| z.delay.is_none_or(|d| h.left_ms > d)) {
             if ctx.quota.is_none_or(|(_, _, longest)| hit.left_ms > longest) {
                 ctx.quota = Some((i, hit.remaining, hit.left_ms));
             }

@@ -8,17 +8,18 @@ use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
+    ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
     ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t, ngx_http_request_t,
     ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_int_t, ngx_msec_t,
-    ngx_palloc, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    ngx_palloc, ngx_pool_cleanup_add, ngx_uint_t, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    NGX_LOG_DEBUG,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 
 use crate::decide::headers;
 use crate::decide::key::{cluster_value, Key, Piece};
-use crate::decide::lease::{Ask, Figures};
+use crate::decide::lease::{Ask, Figures, GiveBack};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
@@ -76,6 +77,12 @@ pub struct Ctx {
     local_slots: Vec<(usize, Vec<u8>)>,
     /// The configuration that took them, for `cleanup`: it outlives the request.
     mcf: *const MainConf,
+    /// `delay=`: how long the request waits for its turn, in ms (0: none) ...
+    pub wait_ms: u64,
+    /// ... and whether it is waiting now, on `ev`'s timer.
+    waiting: bool,
+    /// Its place in each zone, given back if it ends before its turn (client gone).
+    placed: Vec<GiveBack>,
 }
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
@@ -94,6 +101,8 @@ pub struct ZoneReq {
     member: Option<&'static [u8]>,
     /// `lease=`: the units to reserve with this request's decision, and their life in ms.
     lease: Option<(u64, u64)>,
+    /// In a location that may delay: this zone's `delay=` in ms (0 without).
+    delay: Option<u64>,
 }
 
 impl ZoneReq {
@@ -119,6 +128,7 @@ impl ZoneReq {
             burst: zone.burst,
             member: self.member,
             lease: self.lease,
+            delay: self.delay,
         }
     }
 
@@ -151,8 +161,10 @@ pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t
         let ctx = &mut *ctx.as_ptr();
         return match (ctx.applied, ctx.status) {
             (true, _) => NGX_DECLINED as ngx_int_t,
-            // A spurious run of the phase engine while Redis has not answered.
+            // A spurious run of the phase engine while Redis has not answered or the request
+            // waits for its turn.
             (false, Status::Pending) => NGX_AGAIN as ngx_int_t,
+            (false, _) if ctx.waiting => NGX_AGAIN as ngx_int_t,
             (false, _) => apply(ctx, lcf, mcf),
         };
     }
@@ -169,6 +181,11 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         return NGX_ERROR as ngx_int_t;
     };
     ctx.zones = zones;
+    // A dry run rejects nothing, so it delays nothing either; a worker with as many requests
+    // waiting as it has connections lets no more wait.
+    let delaying = lcf.limits().iter().any(|l| l.delay_ms > 0)
+        && !lcf.dry_run()
+        && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
@@ -213,8 +230,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let i = limit.zone;
         let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
         let table_key = head.key(key.parts());
-        let (limit, lease) = (limit_n, None);
-        let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease };
+        let (limit, lease, delay) = (limit_n, None, delaying.then_some(limit.delay_ms));
+        let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease, delay };
         // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
@@ -346,6 +363,9 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         slots: Vec::new(),
         local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
+        wait_ms: 0,
+        waiting: false,
+        placed: Vec::new(),
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
     // context, and anchors it for `find_ctx`; a request that goes to Redis runs `cleanup`
@@ -422,6 +442,14 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
     }
     detach(&mut ctx.waiter, &mut ctx.ev);
     release_slots(ctx);
+    if core::mem::take(&mut ctx.waiting) {
+        // Gone before its turn: its places go back, as reservations' unspent units do.
+        if let Some(mcf) = ctx.mcf.as_ref() {
+            mcf.waiting.set(mcf.waiting.get() - 1);
+            mcf.metrics.get().waited();
+            giveback::send(mcf, core::mem::take(&mut ctx.placed));
+        }
+    }
 }
 
 /// The request stops waiting for a decision Redis may still run (its client went away, its
@@ -437,13 +465,23 @@ unsafe fn orphan_slots(ctx: &Ctx) {
     giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 
-/// Completion or deadline of a pending decision.
+/// Completion or deadline of a pending decision, or the end of a delayed request's wait.
 unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     let ctx = &mut *ngx::ngx_container_of!(ev, Ctx, ev);
     let r = ctx.r;
     let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
         return;
     };
+    if ctx.waiting {
+        if (*ev).timedout() == 0 {
+            return;
+        }
+        (*ev).set_timedout(0);
+        ctx.waiting = false;
+        mcf.waiting.set(mcf.waiting.get() - 1);
+        mcf.metrics.get().waited();
+        return resume(r);
+    }
     let redis = mcf.redis.as_ref().expect("a decision was sent");
     if (*ev).timedout() != 0 {
         (*ev).set_timedout(0);
@@ -491,7 +529,21 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         ngx_delete_posted_event(&mut ctx.ev);
     }
     decide(ctx, lcf, mcf);
+    if ctx.status == Status::Delayed {
+        // Its turn is recorded in Redis: it waits for it without Redis, still noticing a client
+        // that goes away (`ngx_http_test_reading`), as limit_req's delay does.
+        ctx.waiting = true;
+        mcf.waiting.set(mcf.waiting.get() + 1);
+        mcf.metrics.get().delay(ctx.wait_ms);
+        log_delay(ctx, lcf, mcf);
+        ngx_add_timer(&mut ctx.ev, ctx.wait_ms as ngx_msec_t);
+        return;
+    }
+    resume(r);
+}
 
+/// Runs the phases again, which hands the decision to nginx (`apply`).
+unsafe fn resume(r: *mut ngx_http_request_t) {
     let c = (*r).connection;
     let log_ctx = (*(*c).log).data as *mut ngx_http_log_ctx_t;
     (*log_ctx).current_request = r;
@@ -501,6 +553,19 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     }
     // `r` may be freed by now; only the connection is used.
     ngx_http_run_posted_requests(c);
+}
+
+/// As limit_req logs its delays: one level below its rejections.
+unsafe fn log_delay(ctx: &Ctx, lcf: &LocConf, mcf: &MainConf) {
+    let Some((i, ..)) = ctx.quota else { return };
+    let z = &ctx.zones[i];
+    let (name, wait, limit, window) =
+        (&mcf.zones[z.zone].name, ctx.wait_ms, z.limit, z.window_ms);
+    ngx_log_error!(
+        (lcf.log_level() + 1).min(NGX_LOG_DEBUG as ngx_uint_t),
+        (*(*ctx.r).connection).log,
+        "ratelimit: delaying request by {wait}ms, zone \"{name}\", limit {limit} per {window}ms"
+    );
 }
 
 /// What is left of the decision's `timeout`.
@@ -519,6 +584,9 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             }
             if !d.allowed && lcf.deny_cache() {
                 remember_rejection(ctx, mcf, &d);
+            }
+            if d.wait_ms > 0 {
+                return delayed(ctx, &d);
             }
             if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
                 keep_reservations(ctx, mcf, &mut d);
@@ -559,6 +627,26 @@ fn wrong_type_keys(ctx: &Ctx) -> String {
         format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
     });
     keys.collect::<Vec<_>>().join(", ")
+}
+
+/// Admitted at a later instant, recorded there in every zone: what gives its places back if the
+/// request ends first.
+fn delayed(ctx: &mut Ctx, d: &Decision) {
+    let placed = ctx.zones.iter().zip(&d.zones).filter(|(_, v)| v.grant.units > 0 && v.grant.rid > 0);
+    ctx.placed = placed
+        .map(|(z, v)| GiveBack {
+            zone: z.zone,
+            key: z.key.parts().concat(),
+            units: v.grant.units,
+            token: v.grant.token,
+            rid: v.grant.rid,
+            limit: z.limit,
+            window_ms: z.window_ms,
+        })
+        .collect();
+    record(ctx, d);
+    ctx.status = Status::Delayed;
+    ctx.wait_ms = d.wait_ms;
 }
 
 fn record(ctx: &mut Ctx, d: &Decision) {
