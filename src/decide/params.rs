@@ -61,10 +61,18 @@ pub fn parse_delay(value: &str) -> Result<u64, String> {
 pub fn limit_req_hint(directive: &str, arg: &str) -> Option<String> {
     let (name, value) = split_param(arg).unwrap_or((arg, ""));
     match (directive, name) {
-        ("ratelimit", "burst") => Some(format!(
-            ": a burst belongs to the zone, write \"ratelimit_zone ... algorithm=gcra \
-             burst={value}\" and \"ratelimit NAME;\""
-        )),
+        // limit_req's burst counts the requests beyond the first; gcra's, all that pass at once.
+        ("ratelimit", "burst") => Some(match parse_uint(value, 0, MAX_LIMIT - 1) {
+            Some(n) => format!(
+                ": a burst belongs to the zone, write \"ratelimit_zone ... algorithm=gcra \
+                 burst={}\" and \"ratelimit NAME;\", plus \"delay=TIME\" for limit_req's \
+                 delay (docs/delay.md)",
+                n + 1
+            ),
+            None => ": a burst belongs to the zone (\"ratelimit_zone ... algorithm=gcra \
+                     burst=N\", docs/delay.md)"
+                .into(),
+        }),
         ("ratelimit", "nodelay") => Some(
             ": a request is admitted or rejected at once unless its line says \"delay=TIME\" \
              (docs/delay.md): remove it"
@@ -151,7 +159,8 @@ mod tests {
     #[test]
     fn limit_req_habits_say_what_to_write() {
         let hint = |d, a| limit_req_hint(d, a).unwrap_or_default();
-        assert!(hint("ratelimit", "burst=5").contains("algorithm=gcra burst=5"));
+        assert!(hint("ratelimit", "burst=5").contains("algorithm=gcra burst=6"));
+        assert!(hint("ratelimit", "burst=x").contains("burst=N"));
         assert!(hint("ratelimit", "nodelay").contains("remove it"));
         assert!(hint("ratelimit_zone", "rate=10r/s").contains("\"limit=10 window=1s\""));
         assert!(hint("ratelimit_zone", "rate=600r/m").contains("\"limit=600 window=1m\""));

@@ -85,6 +85,10 @@ pub struct Ctx {
     placed: Vec<GiveBack>,
 }
 
+// What a request waiting for its turn (`delay=`) holds besides nginx's own request: this context
+// and a give-back per zone (docs/delay.md states it).
+const _: () = assert!(size_of::<Ctx>() <= 512);
+
 /// One zone as this request sees it: limit, window and cost may come from variables.
 #[derive(Clone, Copy)]
 pub struct ZoneReq {
