@@ -287,13 +287,14 @@ class Bed:
             if not reply.startswith(b"+"):
                 die(f"redis {words}: {reply!r}")
 
-    def life(self, contender, path, n, run):
-        """One nginx under callgrind: warm-up, n requests, quit. Returns the callgrind file."""
+    def life(self, contender, path, n, run, make_conf=nginx_conf, driver=drive):
+        """One nginx under callgrind: warm-up, n requests (`driver`), quit. Returns the
+        callgrind file. bench/delay.py gives its own configuration and driver."""
         self.redis_cmd("FLUSHALL")
         nport = free_port((self.rport,))
         conf = os.path.join(self.tmp, "nginx.conf")
         with open(conf, "w") as f:
-            f.write(nginx_conf(self.tmp, self.module, nport, self.rport))
+            f.write(make_conf(self.tmp, self.module, nport, self.rport))
         out = os.path.join(self.tmp, "cg", f"{contender}.{n}.{run}.out")
         proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
@@ -303,7 +304,7 @@ class Bed:
         try:
             wait_port(nport, proc, "nginx under callgrind", seconds=120)
             warm = drive(nport, path, WARMUP)
-            got = drive(nport, path, n)
+            got = driver(nport, path, n)
         finally:
             # A graceful quit waits for timers nginx may not cancel (a Redis connection's):
             # then a fast one. Either way the shutdown is a constant, which the difference
