@@ -511,7 +511,11 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!((d.zones[1].ok, d.zones[1].reset_ms, d.deciding_zone()), (false, 1000, 1));
         // The rates reject: no slot.
-        let no = Decision { allowed: false, wait_ms: 0, zones: vec![ZoneVerdict { ok: false, ..ok(0) }] };
+        let no = Decision {
+            allowed: false,
+            wait_ms: 0,
+            zones: vec![ZoneVerdict { ok: false, ..ok(0) }],
+        };
         let d = local_decision(&parts, Some(&no));
         assert!(!d.allowed);
         assert_eq!(d.zones[1].remaining, 1, "not taken");

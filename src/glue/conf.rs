@@ -277,8 +277,10 @@ pub unsafe extern "C" fn merge_loc_conf(
             let why = match zone.algorithm {
                 Algorithm::Balance => "a balance zone, which nothing refills by time",
                 Algorithm::Concurrency => "a concurrency zone, whose slots have no known end",
-                _ if zone.member.is_some() => "a sliding_log with member=, whose entries are \
-                                               the requests' own",
+                _ if zone.member.is_some() => {
+                    "a sliding_log with member=, whose entries are \
+                                               the requests' own"
+                }
                 _ => continue,
             };
             let what = if limit.delay_ms > 0 {

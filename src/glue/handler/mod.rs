@@ -8,11 +8,11 @@ use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event, ngx_event_t,
-    ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t, ngx_http_request_t,
-    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_int_t, ngx_msec_t,
-    ngx_palloc, ngx_pool_cleanup_add, ngx_uint_t, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
-    NGX_LOG_DEBUG,
+    ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event,
+    ngx_event_t, ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t,
+    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t,
+    ngx_msec_int_t, ngx_msec_t, ngx_palloc, ngx_pool_cleanup_add, ngx_uint_t, NGX_AGAIN,
+    NGX_DECLINED, NGX_ERROR, NGX_LOG_DEBUG,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -563,8 +563,7 @@ unsafe fn resume(r: *mut ngx_http_request_t) {
 unsafe fn log_delay(ctx: &Ctx, lcf: &LocConf, mcf: &MainConf) {
     let Some((i, ..)) = ctx.quota else { return };
     let z = &ctx.zones[i];
-    let (name, wait, limit, window) =
-        (&mcf.zones[z.zone].name, ctx.wait_ms, z.limit, z.window_ms);
+    let (name, wait, limit, window) = (&mcf.zones[z.zone].name, ctx.wait_ms, z.limit, z.window_ms);
     ngx_log_error!(
         (lcf.log_level() + 1).min(NGX_LOG_DEBUG as ngx_uint_t),
         (*(*ctx.r).connection).log,
@@ -636,7 +635,8 @@ fn wrong_type_keys(ctx: &Ctx) -> String {
 /// Admitted at a later instant, recorded there in every zone: what gives its places back if the
 /// request ends first.
 fn delayed(ctx: &mut Ctx, d: &Decision) {
-    let placed = ctx.zones.iter().zip(&d.zones).filter(|(_, v)| v.grant.units > 0 && v.grant.rid > 0);
+    let placed =
+        ctx.zones.iter().zip(&d.zones).filter(|(_, v)| v.grant.units > 0 && v.grant.rid > 0);
     ctx.placed = placed
         .map(|(z, v)| GiveBack {
             zone: z.zone,
