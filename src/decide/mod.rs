@@ -16,6 +16,7 @@ pub(crate) mod log_throttle;
 pub mod params;
 pub mod quota;
 pub mod script;
+pub mod settle;
 pub mod slots;
 pub mod status;
 pub mod table_key;

@@ -172,6 +172,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         member: zone.concurrency().then_some(&b"admin"[..]),
         lease: None,
         delay: None,
+        place: false,
     };
 
     let pool = Pool::from_ngx_pool((*r).pool);

@@ -20,6 +20,7 @@ use crate::decide::lease::{LeaseConf, Leases};
 use crate::decide::local_limit::LocalLimiter;
 use crate::decide::quota::Period;
 use crate::decide::script::Algorithm;
+use crate::decide::settle;
 use crate::decide::slots::Slots;
 use crate::decide::table_key::TableHead;
 use crate::glue::module::RateLimit;
@@ -122,6 +123,8 @@ pub struct MainConf {
     pub local_size: Option<u64>,
     /// Requests of this worker waiting for their turn (`delay=`).
     pub waiting: Cell<u64>,
+    /// Settlements Redis could not take yet, sent again by the sweep (`settle=`).
+    pub settlements: RefCell<Option<settle::Queue>>,
     /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
     pub metrics_size: Option<u64>,
     pub metrics: Cell<Metrics>,
@@ -156,6 +159,7 @@ impl Default for MainConf {
             local: RefCell::new(None),
             local_size: None,
             waiting: Cell::new(0),
+            settlements: RefCell::new(None),
             metrics_size: None,
             metrics: Cell::new(Metrics::disabled()),
             metrics_cells: OnceCell::new(),
@@ -173,6 +177,8 @@ pub struct LimitRef {
     /// `delay=`: how long a request this zone cannot admit now may wait for its turn, in ms
     /// (0: none, rejected at once).
     pub delay_ms: u64,
+    /// `settle=`: the value, evaluated when the request ends, that replaces the cost.
+    pub settle: Option<*mut ngx_http_complex_value_t>,
     /// Where the line was, for errors found after parsing.
     pub file: String,
     pub line: ngx_uint_t,
@@ -261,6 +267,9 @@ pub unsafe extern "C" fn merge_loc_conf(
             Some(i) => limit.zone = i,
             None => return fail(cf, limit, "unknown ratelimit zone \"%s\""),
         }
+        if let Some(why) = limit.settle.and_then(|_| cannot_settle(&mcf.zones[limit.zone], limit)) {
+            return fail(cf, limit, &format!("ratelimit \"%s\" {why}"));
+        }
         if mcf.zones[limit.zone].concurrency() && !matches!(limit.cost, Param::Fixed(1)) {
             return fail(
                 cf,
@@ -300,6 +309,17 @@ pub unsafe extern "C" fn merge_loc_conf(
         warn_mixed_leases(cf, mcf, limits);
     }
     ptr::null_mut()
+}
+
+/// Why a `ratelimit` line's zone cannot take `settle=`, if it cannot.
+fn cannot_settle(zone: &Zone, limit: &LimitRef) -> Option<&'static str> {
+    Some(match zone.algorithm {
+        Algorithm::Concurrency => "is a concurrency zone: a request holds a slot, it spends nothing to settle; remove settle=",
+        _ if zone.lease.is_some() => "has lease=: a request admitted from a worker's reservation has no place of its own in Redis to settle; remove lease= from the zone or settle= from this line",
+        _ if zone.member.is_some() => "is a sliding_log with member=: its entries are the requests' ids, not places a settlement can name; remove member= or settle=",
+        _ if matches!(limit.cost, Param::Fixed(0)) => "has cost=0 with settle=: an estimate of nothing places nothing to settle; give the estimate (cost=N, or leave it out: 1)",
+        _ => return None,
+    })
 }
 
 /// A request is admitted from reservations in all its zones or in none, so a location whose

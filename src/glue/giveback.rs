@@ -22,6 +22,7 @@ use crate::codec::resp::Reply;
 use crate::decide::lease::{Check, GiveBack};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, EncodedArgs, SlotOp, SlotRef};
+use crate::decide::settle::{Pending, Queue};
 use crate::decide::slots::{Release, Renewal, Slots};
 use crate::glue::conf::MainConf;
 use crate::metrics::{LeaseEvent, SlotEvent};
@@ -76,6 +77,7 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     });
     send(mcf, back.into_iter().flatten());
     renew(mcf, now);
+    resettle(mcf, now);
     if ngx_exiting != 0 {
         // The orphans' releases just sent are their last: a worker on its way out waits for
         // its requests, not for decisions that may never run (their slots would lapse).
@@ -87,7 +89,9 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     // Slots are renewed while their requests run, through a graceful shutdown or a reload too:
     // those requests keep the worker anyway.
     let slots = mcf.slots.borrow().as_ref().is_some_and(|s| s.renewing_any());
-    if (held && ngx_exiting == 0) || slots {
+    // Settlements are tried again through a reload or a graceful shutdown too, for their time.
+    let settling = mcf.settlements.borrow().as_ref().is_some_and(|q| !q.is_empty());
+    if (held && ngx_exiting == 0) || slots || settling {
         ngx_add_timer(&mut s.ev, SWEEP_MS as _);
     }
 }
@@ -178,6 +182,51 @@ pub fn exit() {
     }
 }
 
+/// Sends each settlement (`settle=`) as a decision of its own; one Redis cannot take is kept
+/// and sent again by the sweep until its time is up.
+pub fn settle(mcf: &MainConf, settlements: impl IntoIterator<Item = Pending>) {
+    for p in settlements {
+        let zone = &mcf.zones[p.place.zone];
+        let mut g = p.place.clone();
+        g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
+        let args = if p.charge {
+            EncodedArgs::charge(&g, zone.algorithm, zone.burst)
+        } else {
+            EncodedArgs::give_back(&g, zone.algorithm)
+        };
+        if let Err(What::Settle(p)) = submit_one(mcf, What::Settle(p), args) {
+            keep_settlement(mcf, p);
+        }
+    }
+}
+
+/// A settlement Redis did not take: kept to send again (one given up to make room is lost).
+fn keep_settlement(mcf: &MainConf, p: Pending) {
+    let dropped = {
+        let mut q = mcf.settlements.borrow_mut();
+        q.get_or_insert_with(|| Queue::new(SETTLEMENTS_KEPT)).push(p)
+    };
+    if dropped.is_some() {
+        mcf.metrics.get().settlement_lost();
+    }
+    arm(mcf);
+}
+
+/// Settlements kept per worker while Redis cannot take them: an outage under load loses the
+/// oldest beyond this, rather than growing the worker.
+const SETTLEMENTS_KEPT: usize = 100_000;
+
+/// The sweep's turn for the settlements kept: sent again, or given up once their time is up.
+fn resettle(mcf: &MainConf, now: u64) {
+    let (again, lost) = match mcf.settlements.borrow_mut().as_mut() {
+        Some(q) if !q.is_empty() => q.take(now),
+        _ => return,
+    };
+    let metrics = mcf.metrics.get();
+    lost.iter().for_each(|_| metrics.settlement_lost());
+    settle(mcf, again);
+}
+
 /// What a decision sent without a request does.
 enum What {
     /// Returns a reservation's unspent units.
@@ -188,6 +237,8 @@ enum What {
     Renew { zone: usize, id: u64 },
     /// Releases the orphan `id`: a slot a late decision may have granted.
     Orphan { id: u64 },
+    /// Settles a request's placement: gives units back or charges more.
+    Settle(Pending),
 }
 
 /// One give-back, release or renewal on its way.
@@ -332,6 +383,18 @@ fn answered(
                 metrics.slot(zone, SlotEvent::Lapsed);
             }
         }
+        What::Settle(ref p) => match reply.map(|r| script::decode_decision(r, 1)) {
+            // Of the key's present life (its rid left the ledger) or of an older one, which a
+            // reset took with everything it had: either way it is done.
+            Some(Ok(d)) => {
+                if d.zones[0].reset_ms == 1 {
+                    metrics.settled(p.charge, p.place.units);
+                }
+            }
+            // Lost on the way or refused: the rid is still in the ledger if it did not run, and
+            // leaves it when it does, so sending it again never applies it twice.
+            _ => keep_settlement(mcf, p.clone()),
+        },
         What::Orphan { id } => {
             let answer = match reply.map(|r| script::decode_decision(r, 1)) {
                 // A release answers 1 in its reset field when the member was there.

@@ -17,4 +17,5 @@ mod metrics_page;
 mod metrics_zone;
 pub mod module;
 mod request;
+mod settle;
 mod variables;

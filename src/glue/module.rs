@@ -13,7 +13,7 @@ use ngx::ngx_log_error;
 
 use crate::decide::script;
 use crate::glue::conf::{merge_loc_conf, LocConf, MainConf, Param};
-use crate::glue::{auth_target, directives, handler, variables};
+use crate::glue::{auth_target, directives, handler, settle, variables};
 use crate::redis::pool::WorkerPool;
 
 pub struct RateLimit;
@@ -41,6 +41,9 @@ impl HttpModule for RateLimit {
             return Status::NGX_ERROR.into();
         }
         *h = Some(handler::access_handler);
+        if settle::register(cmcf) != Status::NGX_OK.into() {
+            return Status::NGX_ERROR.into();
+        }
         auth_target::warn(cf, cmcf);
         Status::NGX_OK.into()
     }

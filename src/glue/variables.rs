@@ -1,5 +1,5 @@
 //! `$ratelimit_status`, `$ratelimit_zone`, `$ratelimit_limit`, `$ratelimit_remaining`,
-//! `$ratelimit_reset`, `$ratelimit_time`, `$ratelimit_delay`.
+//! `$ratelimit_reset`, `$ratelimit_time`, `$ratelimit_delay`, `$ratelimit_settled`.
 //!
 //! Not cacheable, so the access log sees the final value; read from the main request's context,
 //! which survives internal redirects.
@@ -27,6 +27,10 @@ const ZONE: usize = 4;
 const TIME: usize = 5;
 /// How long the request waited for its turn (`delay=`), in ms: 0 when it did not.
 const DELAY: usize = 6;
+/// The units a request with `settle=` was charged in the end (`crate::glue::settle`): its
+/// settled value, or its estimate when the value was not a number; empty before the log phase
+/// and for a request that was not admitted.
+const SETTLED: usize = 7;
 
 const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     ngx_http_variable_t {
@@ -39,7 +43,7 @@ const fn var(name: ngx_str_t, data: usize) -> ngx_http_variable_t {
     }
 }
 
-static mut VARIABLES: [ngx_http_variable_t; 7] = [
+static mut VARIABLES: [ngx_http_variable_t; 8] = [
     var(ngx_string!("ratelimit_status"), STATUS),
     var(ngx_string!("ratelimit_limit"), LIMIT),
     var(ngx_string!("ratelimit_remaining"), REMAINING),
@@ -47,6 +51,7 @@ static mut VARIABLES: [ngx_http_variable_t; 7] = [
     var(ngx_string!("ratelimit_zone"), ZONE),
     var(ngx_string!("ratelimit_time"), TIME),
     var(ngx_string!("ratelimit_delay"), DELAY),
+    var(ngx_string!("ratelimit_settled"), SETTLED),
 ];
 
 /// # Safety
@@ -78,8 +83,10 @@ unsafe extern "C" fn get(
         return set(v, ctx.status.as_bytes().as_ptr() as *mut u8, ctx.status.as_bytes().len());
     }
     let mut text = StackText::default();
-    if data == DELAY {
-        text.num(ctx.wait_ms);
+    if data == DELAY || data == SETTLED {
+        let n = if data == DELAY { Some(ctx.wait_ms) } else { ctx.settled };
+        let Some(n) = n else { return NGX_OK as ngx_int_t };
+        text.num(n);
         return text.get().map_or(NGX_ERROR as ngx_int_t, |t| copy(r, v, t));
     }
     if data == TIME {

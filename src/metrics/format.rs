@@ -176,7 +176,15 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
         writeln!(o, "# TYPE {d} counter\n{d} {delayed}")?;
         let d = "ratelimit_delay_seconds_total";
         writeln!(o, "# HELP {d} The waits of delayed requests, summed.")?;
-        writeln!(o, "# TYPE {d} counter\n{d} {}", Seconds(delay_ms * 1000))
+        writeln!(o, "# TYPE {d} counter\n{d} {}", Seconds(delay_ms * 1000))?;
+        let (returned, charged, lost) = v.settlements();
+        let d = "ratelimit_settled_units_total";
+        writeln!(o, "# HELP {d} Units settlements gave back or charged past the limit (settle=).")?;
+        writeln!(o, "# TYPE {d} counter")?;
+        writeln!(o, "{d}{{event=\"returned\"}} {returned}\n{d}{{event=\"charged\"}} {charged}")?;
+        let d = "ratelimit_settlements_lost_total";
+        writeln!(o, "# HELP {d} Settlements given up: Redis did not take them in time.")?;
+        writeln!(o, "# TYPE {d} counter\n{d} {lost}")
     })();
     o
 }
@@ -238,10 +246,12 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
             write!(o, "{sep}\"{class}\":{}", v.replies(i))?;
         }
         let (delayed, delay_ms) = v.delayed();
+        let (returned, charged, lost) = v.settlements();
         writeln!(
             o,
             "}}}}}},\"deny_cache_entries\":{},\"delays\":{{\"waiting\":{},\"delayed\":{delayed},\
-             \"delay_seconds\":{}}}}}",
+             \"delay_seconds\":{}}},\"settled_units\":{{\"returned\":{returned},\
+             \"charged\":{charged}}},\"settlements_lost\":{lost}}}",
             v.deny_cache_entries(),
             v.waiting(),
             Seconds(delay_ms * 1000)
@@ -277,6 +287,9 @@ mod tests {
         m.delay(1500);
         m.delay(250);
         m.waited();
+        m.settled(false, 70);
+        m.settled(true, 150);
+        m.settlement_lost();
         m.snapshot().unwrap()
     }
 
@@ -303,6 +316,9 @@ mod tests {
             "ratelimit_requests_waiting 1",
             "ratelimit_delayed_requests_total 2",
             "ratelimit_delay_seconds_total 1.75",
+            "ratelimit_settled_units_total{event=\"returned\"} 70",
+            "ratelimit_settled_units_total{event=\"charged\"} 150",
+            "ratelimit_settlements_lost_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -331,7 +347,8 @@ mod tests {
         });
         assert_eq!(depth, 0, "{text}");
         let delays = "\"deny_cache_entries\":0,\"delays\":{\"waiting\":1,\"delayed\":2,\
-                      \"delay_seconds\":1.75}}\n";
+                      \"delay_seconds\":1.75},\"settled_units\":{\"returned\":70,\
+                      \"charged\":150},\"settlements_lost\":1}\n";
         assert!(text.ends_with(delays), "{text}");
         assert!(text.contains(",\"connects\":0,\"script_loads\":0,\"breaker_openings\":0,"));
     }

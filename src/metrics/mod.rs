@@ -161,7 +161,11 @@ const W_DENY_ENTRIES: usize = 0;
 const W_WAITING: usize = 1;
 const W_DELAYED: usize = 2;
 const W_DELAY_MS: usize = 3;
-const WORKER_CELLS: usize = 4;
+/// Settled units given back and charged, and settlements given up (`settle=`).
+const W_SETTLE_RETURNED: usize = 4;
+const W_SETTLE_CHARGED: usize = 5;
+const W_SETTLE_LOST: usize = 6;
+const WORKER_CELLS: usize = 7;
 
 /// The cells of a snapshot of `zones` zones.
 const fn cells(zones: usize) -> usize {
@@ -300,6 +304,16 @@ impl Metrics {
         self.worker(W_WAITING, 1);
     }
 
+    /// A settlement Redis applied: `units` given back or charged past the limit.
+    pub fn settled(&self, charged: bool, units: u64) {
+        self.worker(if charged { W_SETTLE_CHARGED } else { W_SETTLE_RETURNED }, units);
+    }
+
+    /// A settlement given up: Redis could not take it within its time, or the queue was full.
+    pub fn settlement_lost(&self) {
+        self.worker(W_SETTLE_LOST, 1);
+    }
+
     /// A request stops waiting: its turn came, or its client went away.
     pub fn waited(&self) {
         self.worker(W_WAITING, (-1i64) as u64);
@@ -388,6 +402,11 @@ impl View<'_> {
     }
     pub fn waiting(&self) -> u64 {
         (self.redis(REDIS_CELLS + W_WAITING) as i64).max(0) as u64
+    }
+    /// Settled units given back, charged, and settlements lost.
+    pub fn settlements(&self) -> (u64, u64, u64) {
+        let w = |i| self.redis(REDIS_CELLS + i);
+        (w(W_SETTLE_RETURNED), w(W_SETTLE_CHARGED), w(W_SETTLE_LOST))
     }
     /// Requests delayed, and their waits in ms.
     pub fn delayed(&self) -> (u64, u64) {

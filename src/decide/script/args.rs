@@ -31,6 +31,9 @@ pub struct ZoneArgs<'a> {
     /// without it). Every zone of such a decision sends one, as `<field>~<ms>`, and is answered
     /// with seven fields: a delayed request is recorded in each of them, to be given back.
     pub delay: Option<u64>,
+    /// `settle=`: the cost goes as a placement even when admitted now (`<field>!`), answered
+    /// with seven fields: its token and rid are what the settlement names.
+    pub place: bool,
 }
 
 /// A decision's arguments: its zone keys, then `now (algorithm limit window cost burst)..`, one
@@ -69,7 +72,7 @@ impl EncodedArgs {
                 Algorithm::SlidingLog if z.member.is_some() => b"r",
                 a => a.code(),
             };
-            if z.lease.is_none() && z.delay.is_none() {
+            if z.lease.is_none() && z.delay.is_none() && !z.place {
                 resp::put_bulk(&mut bytes, code);
             } else {
                 leased.resize(count, false);
@@ -81,6 +84,9 @@ impl EncodedArgs {
                 }
                 if let Some(ms) = z.delay {
                     field.push(b"~").num(ms);
+                }
+                if z.place {
+                    field.push(b"!");
                 }
                 resp::put_bulk(&mut bytes, field.get().unwrap_or(code));
             }
@@ -107,6 +113,16 @@ impl EncodedArgs {
         let token = resp::fmt_u64(g.token, &mut digits);
         let op = rid_op(&mut op, &[b'G', algorithm.code()[0]], g.rid);
         Self::one_zone(&g.key, op, g.limit, g.window_ms, g.units, token)
+    }
+
+    /// A decision of its own that charges `g.units` more of a placement's key, past its limit
+    /// (`C<letter><rid>`): a settled value above the estimate. `burst` as the zone's decisions
+    /// send it (gcra's, a balance's default).
+    pub fn charge(g: &GiveBack, algorithm: Algorithm, burst: u64) -> Self {
+        let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
+        let burst = resp::fmt_u64(burst, &mut digits);
+        let op = rid_op(&mut op, &[b'C', algorithm.code()[0]], g.rid);
+        Self::one_zone(&g.key, op, g.limit, g.window_ms, g.units, burst)
     }
 
     /// A decision of its own that asks whether the reservation `rid` is still of the present

@@ -24,6 +24,7 @@ fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
         member: None,
         lease: None,
         delay: None,
+        place: false,
     }
 }
 
@@ -147,6 +148,24 @@ fn a_location_that_may_delay_sends_every_zone_its_longest_wait_and_gets_seven_fi
 }
 
 #[test]
+fn a_zone_that_settles_asks_for_a_placement_and_gets_seven_fields() {
+    let mut z = zone(Key::new(b"rl:", b"tok", b"a"), Algorithm::SlidingCounter, 100);
+    z.place = true;
+    let mut d = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::Gcra, 1);
+    d.delay = Some(0);
+    d.place = true;
+    let plain = zone(Key::new(b"rl:", b"day", b"c"), Algorithm::SlidingLog, 1);
+    let args = EncodedArgs::new([z, d, plain].into_iter(), Some(9));
+    let fields = ["3", "rl:tok:a", "rl:ip:b", "rl:day:c", "9", "c!", "100", "60000", "100", "0"];
+    let fields = [&fields[..], &["g~0!", "100", "60000", "1", "7", "l", "100", "60000", "1", "0"]];
+    assert_call(&args, &fields.concat());
+    let reply = [1, 1, 0, 0, 100, 0, 41, 5, 1, 99, 0, 1, 0, 8, 6, 1, 98, 0];
+    let d = decode_reply(&ints(&reply), &args).unwrap();
+    assert_eq!(d.zones[0].grant, Grant { units: 100, life_ms: 0, token: 41, rid: 5 });
+    assert_eq!((d.zones[2].remaining, d.wait_ms), (98, 0));
+}
+
+#[test]
 fn a_give_back_is_a_decision_of_its_own() {
     let g = GiveBack {
         zone: 0,
@@ -160,6 +179,8 @@ fn a_give_back_is_a_decision_of_its_own() {
     let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
     let op = "Gl1700000000123456";
     assert_call(&args, &["1", "rl:api:a", "", op, "100", "60000", "3", "1234"]);
+    let charge = EncodedArgs::charge(&g, Algorithm::Gcra, 7);
+    assert_call(&charge, &["1", "rl:api:a", "", "Cg1700000000123456", "100", "60000", "3", "7"]);
     let check = EncodedArgs::check(b"rl:api:a", u64::MAX);
     assert_call(&check, &["1", "rl:api:a", "", "V18446744073709551615", "1", "1", "0", "0"]);
 }

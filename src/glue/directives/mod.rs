@@ -305,7 +305,7 @@ unsafe extern "C" fn cmd_ratelimit(
     if limits.iter().any(|l| l.name == name) {
         return IS_DUPLICATE;
     }
-    let (mut cost, mut delay_ms) = (None, None);
+    let (mut cost, mut delay_ms, mut settle) = (None, None, None);
     for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
         match split_param(s) {
@@ -326,7 +326,13 @@ unsafe extern "C" fn cmd_ratelimit(
                     return NGX_CONF_ERROR as _;
                 }
             },
-            Some(("cost" | "delay", _)) => return invalid(cf, "duplicate parameter", s),
+            Some(("settle", value)) if settle.is_none() => {
+                match (!value.is_empty()).then(|| compile_complex_value(cf, arg, "settle=".len())) {
+                    Some(Some(cv)) => settle = Some(cv),
+                    _ => return invalid(cf, "value", s),
+                }
+            }
+            Some(("cost" | "delay" | "settle", _)) => return invalid(cf, "duplicate parameter", s),
             _ => return unknown(cf, s, i),
         }
     }
@@ -337,6 +343,7 @@ unsafe extern "C" fn cmd_ratelimit(
         zone: usize::MAX,
         cost,
         delay_ms: delay_ms.unwrap_or(0),
+        settle,
         file: text(&file.name).to_owned(),
         line: (*(*cf).conf_file).line,
     });

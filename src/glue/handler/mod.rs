@@ -9,9 +9,9 @@ use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
     ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event,
-    ngx_event_t, ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_log_ctx_t,
-    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t,
-    ngx_msec_int_t, ngx_msec_t, ngx_palloc, ngx_pool_cleanup_add, ngx_uint_t, NGX_AGAIN,
+    ngx_event_t, ngx_http_block_reading, ngx_http_cleanup_add, ngx_http_complex_value_t,
+    ngx_http_log_ctx_t, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading,
+    ngx_int_t, ngx_msec_int_t, ngx_msec_t, ngx_palloc, ngx_pool_cleanup_add, ngx_uint_t, NGX_AGAIN,
     NGX_DECLINED, NGX_ERROR, NGX_LOG_DEBUG,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
@@ -47,7 +47,7 @@ use respond::apply;
 /// Per main request, in its pool. Found again after an internal redirect through the pool's
 /// cleanup list, because redirects wipe `r->ctx`.
 pub struct Ctx {
-    r: *mut ngx_http_request_t,
+    pub r: *mut ngx_http_request_t,
     pub status: Status,
     /// Set once the decision has been returned to the phase engine; later passes (internal
     /// redirects) let the request through untouched, as limit_req does.
@@ -63,7 +63,7 @@ pub struct Ctx {
     /// The same instant on the wall clock, in ms: `$ratelimit_time`.
     pub asked_ms: u64,
     /// The zones that decide this request, in script order, in the request's pool.
-    zones: PoolVec<ZoneReq>,
+    pub zones: PoolVec<ZoneReq>,
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
@@ -81,8 +81,11 @@ pub struct Ctx {
     pub wait_ms: u64,
     /// ... and whether it is waiting now, on `ev`'s timer.
     waiting: bool,
-    /// Its place in each zone, given back if it ends before its turn (client gone).
-    placed: Vec<GiveBack>,
+    /// Its place in each zone: given back if it ends before its turn (client gone); in a
+    /// zone with `settle=`, settled when it ends (`crate::glue::settle`).
+    pub placed: Vec<GiveBack>,
+    /// `$ratelimit_settled`, once the request's settlement is worked out (`None` before).
+    pub settled: Option<u64>,
 }
 
 // What a request waiting for its turn (`delay=`) holds besides nginx's own request: this context
@@ -107,6 +110,8 @@ pub struct ZoneReq {
     lease: Option<(u64, u64)>,
     /// In a location that may delay: this zone's `delay=` in ms (0 without).
     delay: Option<u64>,
+    /// `settle=`: the value that replaces the cost when the request ends.
+    pub settle: Option<*mut ngx_http_complex_value_t>,
 }
 
 impl ZoneReq {
@@ -133,6 +138,7 @@ impl ZoneReq {
             member: self.member,
             lease: self.lease,
             delay: self.delay,
+            place: self.settle.is_some(),
         }
     }
 
@@ -234,8 +240,20 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let i = limit.zone;
         let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
         let table_key = head.key(key.parts());
+        let settle = limit.settle;
         let (limit, lease, delay) = (limit_n, None, delaying.then_some(limit.delay_ms));
-        let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease, delay };
+        let z = ZoneReq {
+            zone: i,
+            key,
+            table_key,
+            limit,
+            window_ms,
+            cost,
+            member,
+            lease,
+            delay,
+            settle,
+        };
         // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
@@ -370,6 +388,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         wait_ms: 0,
         waiting: false,
         placed: Vec::new(),
+        settled: None,
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
     // context, and anchors it for `find_ctx`; a request that goes to Redis runs `cleanup`
@@ -591,6 +610,9 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
             if d.wait_ms > 0 {
                 return delayed(ctx, &d);
             }
+            if d.allowed {
+                keep_places(ctx, &d, |z| z.settle.is_some());
+            }
             if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
                 keep_reservations(ctx, mcf, &mut d);
             }
@@ -635,8 +657,17 @@ fn wrong_type_keys(ctx: &Ctx) -> String {
 /// Admitted at a later instant, recorded there in every zone: what gives its places back if the
 /// request ends first.
 fn delayed(ctx: &mut Ctx, d: &Decision) {
-    let placed =
-        ctx.zones.iter().zip(&d.zones).filter(|(_, v)| v.grant.units > 0 && v.grant.rid > 0);
+    keep_places(ctx, d, |_| true);
+    record(ctx, d);
+    ctx.status = Status::Delayed;
+    ctx.wait_ms = d.wait_ms;
+}
+
+/// The places Redis recorded for the request in the zones `which` selects (a delayed request's
+/// in all of them, a settled one's in the zones with `settle=`), each named for a give-back.
+fn keep_places(ctx: &mut Ctx, d: &Decision, which: impl Fn(&ZoneReq) -> bool) {
+    let placed = ctx.zones.iter().zip(&d.zones);
+    let placed = placed.filter(|(z, v)| v.grant.units > 0 && v.grant.rid > 0 && which(z));
     ctx.placed = placed
         .map(|(z, v)| GiveBack {
             zone: z.zone,
@@ -648,9 +679,6 @@ fn delayed(ctx: &mut Ctx, d: &Decision) {
             window_ms: z.window_ms,
         })
         .collect();
-    record(ctx, d);
-    ctx.status = Status::Delayed;
-    ctx.wait_ms = d.wait_ms;
 }
 
 fn record(ctx: &mut Ctx, d: &Decision) {
