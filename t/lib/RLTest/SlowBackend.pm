@@ -8,6 +8,7 @@ package RLTest::SlowBackend;
 #   $b->port;                     # listening on 127.0.0.1 (addr => ... for another)
 #   GET /any?hold=1.5             # answers 200 "ok\n" after 1.5 s (default 1)
 #   GET /any?hold=10&stream=1     # headers at once, then a line a second until hold
+#   GET /any?stream=1&usage=123   # ... and a last event carrying the usage, as LLM APIs send it
 #   GET /status404...             # 404 at once (an error_page test's first answer)
 #   $b->intervals(qr/k=a\b/);     # [start, end, uri] of the requests logged, matching
 #   max_overlap(@intervals);      # the most of them in flight at one instant
@@ -81,6 +82,9 @@ sub serve {
             sleep(($until - time) < 1 ? $until - time : 1);
             $end = time;
             last unless defined syswrite $c, "tick\n";
+        }
+        if ($uri =~ /[?&]usage=(\d+)/) {
+            syswrite $c, qq{data: {"choices":[],"usage":{"prompt_tokens":0,"total_tokens":$1}}\n\n};
         }
         logged($log, $begin, $end // time, $uri);
     } else {
