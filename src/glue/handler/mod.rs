@@ -19,7 +19,7 @@ use ngx::ngx_log_error;
 
 use crate::decide::headers;
 use crate::decide::key::{cluster_value, Key, Piece};
-use crate::decide::lease::{Ask, Figures, GiveBack};
+use crate::decide::lease::{Ask, Figures, GiveBack, Grant};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
@@ -81,8 +81,6 @@ pub struct Ctx {
     pub wait_ms: u64,
     /// ... and whether it is waiting now, on `ev`'s timer.
     waiting: bool,
-    /// Its place in each zone, given back if it ends before its turn (client gone).
-    placed: Vec<GiveBack>,
 }
 
 // What a request waiting for its turn (`delay=`) holds besides nginx's own request: this context
@@ -107,6 +105,10 @@ pub struct ZoneReq {
     lease: Option<(u64, u64)>,
     /// In a location that may delay: this zone's `delay=` in ms (0 without).
     delay: Option<u64>,
+    /// Where Redis recorded a delayed request in this zone, to give back if it ends before its
+    /// turn (client gone); nothing (0 units) otherwise. Kept as Redis answered it: the key is
+    /// copied only for a give-back.
+    placed: Grant,
 }
 
 impl ZoneReq {
@@ -140,6 +142,14 @@ impl ZoneReq {
     fn slot<'a>(&'a self, key: &'a [u8]) -> Option<SlotRef<'a>> {
         let member = self.member?;
         Some(SlotRef { key, limit: self.limit, life_ms: self.window_ms, member })
+    }
+
+    /// `units` of this zone's place in Redis, to give back.
+    fn give_back(&self, units: u64) -> GiveBack {
+        let (limit, window_ms) = (self.limit, self.window_ms);
+        let Grant { token, rid, .. } = self.placed;
+        let key = self.key.parts().concat();
+        GiveBack { zone: self.zone, key, units, token, rid, limit, window_ms }
     }
 
     fn ask(&self) -> Ask<'_> {
@@ -235,7 +245,19 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
         let table_key = head.key(key.parts());
         let (limit, lease, delay) = (limit_n, None, delaying.then_some(limit.delay_ms));
-        let z = ZoneReq { zone: i, key, table_key, limit, window_ms, cost, member, lease, delay };
+        let placed = Grant::default();
+        let z = ZoneReq {
+            zone: i,
+            key,
+            table_key,
+            limit,
+            window_ms,
+            cost,
+            member,
+            lease,
+            delay,
+            placed,
+        };
         // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
         let capacity = zone.algorithm.capacity(limit_n, zone.burst);
@@ -369,7 +391,6 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
         wait_ms: 0,
         waiting: false,
-        placed: Vec::new(),
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
     // context, and anchors it for `find_ctx`; a request that goes to Redis runs `cleanup`
@@ -451,7 +472,8 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
         if let Some(mcf) = ctx.mcf.as_ref() {
             mcf.waiting.set(mcf.waiting.get() - 1);
             mcf.metrics.get().waited();
-            giveback::send(mcf, core::mem::take(&mut ctx.placed));
+            let placed = ctx.zones.iter().filter(|z| z.placed.units > 0 && z.placed.rid > 0);
+            giveback::send(mcf, placed.map(|z| z.give_back(z.placed.units)));
         }
     }
 }
@@ -635,19 +657,9 @@ fn wrong_type_keys(ctx: &Ctx) -> String {
 /// Admitted at a later instant, recorded there in every zone: what gives its places back if the
 /// request ends first.
 fn delayed(ctx: &mut Ctx, d: &Decision) {
-    let placed =
-        ctx.zones.iter().zip(&d.zones).filter(|(_, v)| v.grant.units > 0 && v.grant.rid > 0);
-    ctx.placed = placed
-        .map(|(z, v)| GiveBack {
-            zone: z.zone,
-            key: z.key.parts().concat(),
-            units: v.grant.units,
-            token: v.grant.token,
-            rid: v.grant.rid,
-            limit: z.limit,
-            window_ms: z.window_ms,
-        })
-        .collect();
+    for (z, v) in ctx.zones.iter_mut().zip(&d.zones) {
+        z.placed = v.grant;
+    }
     record(ctx, d);
     ctx.status = Status::Delayed;
     ctx.wait_ms = d.wait_ms;
