@@ -158,6 +158,8 @@ local MAX_BALANCE_LEN = 16
 -- Reservations: the reserve field, and the caps of want (units) and lease_ms (a year).
 local RESERVE_PATTERN = '^([lpcgqb])%+(%d+):(%d+)$'
 local MAX_UNITS, MAX_LEASE = 1000000000, 365 * 86400000
+-- Delays: the delay field's ending on a plain letter or a reserve field, and its cap (an hour).
+local DELAY_PATTERN, MAX_DELAY = '^([lpcgq][%d+:]*)~(%d+)$', 3600000
 -- sliding_log: reserved members start here, above the µs-clock members of admissions (below 2^52
 -- until the year 2112), so that a reservation never makes an admission look for a free member.
 local RESERVED_MEMBERS = 2 ^ 52
@@ -314,20 +316,22 @@ end
 --   sliding_counter  S1 current, S2 previous, S3 window index, S4 elapsed in it,
 --                    S5 previous count weighted into the rolling window, rounded up
 --   gcra             S1 ms, S2 r (the TAT), S3 ms, S4 r (the TAT after this request)
---   calendar quota   S1 count, S2 period start, S3 period end
+--   calendar quota   S1 count, S2 period start, S3 period end, S4 true if that period is
+--                    later than now's (the key was found there)
 --   balance          S1 balance (a missing key: its default), S2 true if the key is missing
 --   give-back        S4 the value (GET), Gl: S1 the set's size, Gg: S1 ms, S2 r (the TAT)
 --   OK whether the zone has room; FRESH the key was missing (a reserve zone writing it starts
 --   a new life); RID the rid of a give-back or check;
 --   ALG .. LEASE its arguments as the first pass read them, for the second: the operation (a
 --   reserve field's letter, a give-back's two letters), limit, window, cost, burst (the
---   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others).
+--   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others);
+--   DELAY a delay field's longest wait (read only when every zone of the decision sent one).
 --   Each argument is parsed once: tonumber of a decimal string is two strtod calls.
-local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-local ZONE_FIELDS = 15
+local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+local ZONE_FIELDS = 16
 -- Sized for a decision of one zone up front, not grown a power of two at a time.
-local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local nargv = #ARGV
 -- The previous zone's figures (limit, window, cost, burst) as sent and as numbers, and the last
 -- algorithm field met: tonumber of a decimal costs two strtod calls, the zones of a batch mostly
@@ -394,6 +398,8 @@ repeat
   end
 
   local result, allowed = nil, 1
+  -- Zones met so far that sent a delay field: all of them or none.
+  local ndelay = 0
   repeat -- `break` ends this decision early with `result` set to its error
     for i = declared - k >= 1 and declared - k + 1 or 1, nzones do
       local e = pcall_redis('EXISTS', keys[k + i])
@@ -429,6 +435,15 @@ repeat
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
       local held = alg
       if alg and #alg > 1 then
+        if string.find(alg, '~', 2, true) then
+          -- A delay field: the letter (or reserve field) it extends, then its longest wait.
+          local base, d = string.match(alg, DELAY_PATTERN)
+          if base and tonumber(d) <= MAX_DELAY then
+            alg, S[o + DELAY], ndelay = base, tonumber(d), ndelay + 1
+          else
+            alg = '?'
+          end
+        end
         alg, S[o + RID] = split_rid(alg)
         held = alg
         if alg == 'Gn' or alg == 'Rn' then
@@ -486,7 +501,7 @@ repeat
       end
       -- The commonest algorithms first: each test costs about as much as a command's byte.
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
-          or alg ~= 'c' and alg ~= 'l' and alg ~= 'p' and (
+          or ndelay ~= 0 and ndelay ~= i or alg ~= 'c' and alg ~= 'l' and alg ~= 'p' and (
             (alg ~= 'r' and alg ~= 'g' and alg ~= 'q' and alg ~= 'b' and alg ~= 'B'
               and alg ~= 'D' and alg ~= 'n' and alg ~= 'V' and #alg ~= 2)
             or (alg == 'V' and not S[o + RID])
@@ -610,19 +625,22 @@ repeat
       elseif alg == 'q' then
         -- Calendar quota: a count per period, gone with the period.
         local start, stop = period_bounds(now, w)
-        local count = 0
+        local count, later = 0, false
         if v then
           local st, c = unpack_struct(QUOTA_FORMAT, v)
           if st == start then
             count = c
           elseif st > start then
-            -- Written by a gateway whose clock is already in the next period: count there.
+            -- A later period (a gateway clock ahead, or a request delayed into the next period
+            -- because this one is full): no room now, whatever its count. Counting now's
+            -- requests there would admit them against the next period's count: more than the
+            -- limit by admission instants. It fits at that period's start.
             start, stop = period_bounds(st, w)
-            count = c
+            count, later = c, true
           end
         end
-        S[o + S1], S[o + S2], S[o + S3] = count, start, stop
-        ok = count + cost <= limit
+        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = count, start, stop, later
+        ok = count + cost <= limit and not later or cost == 0
       elseif alg == 'b' then
         -- Credit balance: a decimal integer the operator sets and tops up (SET, INCRBY).
         local missing = not v
@@ -682,6 +700,277 @@ repeat
     end
     if result then
       break
+    end
+
+    if allowed == 0 and ndelay ~= 0 then
+      -- Delayed admissions (issue 33): the instant `at` this request fits in every zone, if
+      -- each zone that rejects it now lets it wait that long (its delay field).
+      local at, fits = now, true
+      for i = 1, nzones do
+        local o = ZONE_FIELDS * (i - 1)
+        if not S[o + OK] then
+          local alg, limit, w, cost = S[o + ALG], S[o + LIMIT], S[o + WIN], S[o + COST]
+          -- ms from now until the zone admits `cost`; nil: never, or not representable.
+          local wait
+          if alg == 'l' or alg == 'p' then
+            -- Once the (used + cost - limit)-th oldest entry has left the window; entries scored
+            -- ahead (reservations, delayed requests) are in the log and count alike.
+            if cost <= limit then
+              local idx, s = S[o + S1] + cost - limit - 1, nil
+              if alg == 'p' then
+                s = unpack_struct(PACKED_FORMAT, S[o + S4], (S[o + S3] + idx) * PACKED_LEN + 1)
+              else
+                local at_idx = format('%d', idx)
+                s = tonumber(call('ZRANGE', keys[k + i], at_idx, at_idx, 'WITHSCORES')[2])
+              end
+              if s and s < MAX_TIME then
+                wait = s + w - now
+              end
+            end
+          elseif alg == 'c' then
+            local cur, prev, idx, elapsed, weighted =
+              S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5]
+            local target = limit - cost
+            if target >= 0 then
+              -- From the start of the bucket the key holds when that is ahead (elapsed 0 then).
+              local ahead = idx * w - now
+              ahead = ahead > 0 and ahead or 0
+              local r = w - elapsed
+              if cur <= target and prev > 0 then
+                -- In this bucket, once the previous one's weight has fallen enough.
+                r = w - elapsed - muldiv(target - cur, w, prev)
+              end
+              if r < w - elapsed then
+                wait = ahead + r
+              else
+                -- In the next bucket, as the placement writes it: its previous count is this
+                -- one's plus the weighted share (read in full until it starts), so this is
+                -- the real fit of that state, never earlier. A fit only at the end of the next
+                -- bucket cannot be placed (two buckets on): nil.
+                local pv = cur + weighted
+                local e = pv > target and w - muldiv(target, w, pv) or 0
+                if e < w then
+                  wait = ahead + (w - elapsed) + e
+                end
+              end
+            end
+          elseif alg == 'g' then
+            -- Until the new TAT is within burst spacings of that instant, as the reset of a
+            -- rejection; a TAT ahead of now is unchanged by waiting.
+            local burst = S[o + BURST]
+            if cost <= burst then
+              local bq, br = muldiv(burst, w, limit)
+              wait = S[o + S3] - now - bq + (S[o + S4] > br and 1 or 0)
+            end
+          elseif alg == 'q' then
+            -- At the next period's start, empty (the key holds one period); a key already in a
+            -- later period: at that period's start, if its count leaves room.
+            if S[o + S4] then
+              if S[o + S1] + cost <= limit then
+                wait = S[o + S2] - now
+              end
+            elseif cost <= limit then
+              wait = S[o + S3] - now
+            end
+          end
+          if not wait or wait > S[o + DELAY] then
+            fits = false
+            break
+          end
+          if now + wait > at then
+            at = now + wait
+          end
+        end
+      end
+      for i = 1, fits and nzones or 0 do
+        -- A counter holds this bucket and the next one only: a later instant (another zone's)
+        -- cannot be placed there.
+        local o = ZONE_FIELDS * (i - 1)
+        local w = S[o + WIN]
+        if S[o + ALG] == 'c' and S[o + COST] > 0 and floor(at / w) > floor(now / w) + 1 then
+          fits = false
+        end
+      end
+      if fits then
+        -- Recorded at `at` in every zone, as a reservation of `cost` units arriving then (a
+        -- give-back returns it), and nothing at now.
+        local wait, at_s = at - now, format('%d', at)
+        result = { 2, nil, nil, nil, nil, nil, nil, nil }
+        local nres = 1
+        for i = 1, nzones do
+          local o = ZONE_FIELDS * (i - 1)
+          local key, alg = keys[k + i], S[o + ALG]
+          local limit, w, cost = S[o + LIMIT], S[o + WIN], S[o + COST]
+          local remaining, reset, token, rid = 0, 0, 0, 0
+          local ledger = cost > 0 and ledger_of(key)
+          if ledger and S[o + FRESH] then
+            -- The key starts a new life: no reservation of an older one may touch it.
+            call('DEL', ledger)
+          end
+          if alg == 'l' then
+            local used = S[o + S1]
+            if cost > 0 then
+              -- Members as a grant's (after the member scored last, else from 2^52 + the clock
+              -- in µs), first scored -inf to learn they are all new, then scored `at`.
+              local m0 = RESERVED_MEMBERS + base_us
+              local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
+              if top and top >= m0 and top + 1 + cost < EXACT then
+                m0 = top + 1
+              end
+              local skip = cost
+              while true do
+                local added, j = 0, 0
+                while j < cost do
+                  local args, n = {}, min(cost - j, ZADD_CHUNK)
+                  for x = 1, n do
+                    args[2 * x - 1] = '-inf'
+                    args[2 * x] = format('%d', m0 + j + x - 1)
+                  end
+                  added = added + call('ZADD', key, 'NX', unpack(args))
+                  j = j + n
+                end
+                if added == cost then
+                  break
+                end
+                call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
+                m0, skip = m0 + skip, skip * 2
+              end
+              local j = 0
+              while j < cost do
+                local args, n = {}, min(cost - j, ZADD_CHUNK)
+                for x = 1, n do
+                  args[2 * x - 1] = at_s
+                  args[2 * x] = format('%d', m0 + j + x - 1)
+                end
+                call('ZADD', key, 'XX', unpack(args))
+                j = j + n
+              end
+              token = m0
+              -- Until the newest entry leaves the window: it may be scored later than `at`.
+              local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
+              call('PEXPIRE', key, format('%d', max(at, newest) + w - now))
+              used = used + cost
+            end
+            if used > 0 then
+              -- One unit more than `remaining` is back when this entry leaves the window.
+              local at_idx = format('%d', used >= limit and used - limit or 0)
+              reset = tonumber(call('ZRANGE', key, at_idx, at_idx, 'WITHSCORES')[2]) + w - now
+            end
+            remaining = limit - used
+          elseif alg == 'p' then
+            local used, gone, v = S[o + S1], S[o + S3], S[o + S4]
+            if cost > 0 then
+              local last = gone + used
+              local at_idx = packed_upto(v, gone, last, at)
+              v = string.sub(v, gone * PACKED_LEN + 1, at_idx * PACKED_LEN)
+                .. string.rep(pack(PACKED_FORMAT, at), cost) .. string.sub(v, at_idx * PACKED_LEN + 1)
+              gone, used = 0, used + cost
+              call('SET', key, v, 'PX',
+                format('%d', unpack_struct(PACKED_FORMAT, v, #v - PACKED_LEN + 1) + w - now))
+              token = at
+            end
+            if used > 0 then
+              reset = unpack_struct(PACKED_FORMAT, v,
+                (gone + (used >= limit and used - limit or 0)) * PACKED_LEN + 1) + w - now
+            end
+            remaining = limit - used
+          elseif alg == 'c' then
+            local cur, prev, idx, elapsed, weighted =
+              S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5]
+            if cost > 0 then
+              if floor(at / w) > idx then
+                -- The next bucket, as a reservation moves there: read in full until it starts.
+                idx, elapsed, prev, weighted, cur = idx + 1, 0, cur + weighted, cur + weighted, 0
+              end
+              cur = cur + cost
+              call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
+                format('%d', (idx + 2) * w - now))
+              token = idx
+            end
+            remaining = limit - cur - weighted
+            remaining = remaining > 0 and remaining or 0
+            -- As for an admitted zone: the estimate falling to `target`, from the bucket held.
+            local target = limit - remaining - 1
+            if cur ~= 0 or prev ~= 0 then
+              if cur <= target then
+                if target - cur < prev then
+                  reset = w - elapsed - muldiv(target - cur, w, prev)
+                end
+              else
+                reset = (w - elapsed) + w - muldiv(target, w, cur)
+              end
+              if reset > 0 and idx * w > now then
+                reset = reset + idx * w - now
+              end
+            end
+          elseif alg == 'g' then
+            local burst, ms, r = S[o + BURST], S[o + S1], S[o + S2]
+            if cost > 0 then
+              -- The units arrive at `at`: limit_req's leaky bucket with delay.
+              if ms < at then
+                ms, r = at, 0
+              end
+              local cq, cr = muldiv(cost, w, limit)
+              ms, r = ms + cq, r + cr
+              if r >= limit then
+                ms, r = ms + 1, r - limit
+              end
+              call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
+                format('%d', ms - now + (r > 0 and 1 or 0)))
+              token = (ms % TAT_TOKEN_MOD) * limit + r + 1
+            end
+            local uq, ur = muldiv(limit, ms - now, w)
+            local up = (ur + r) % w
+            remaining = burst - uq - (ur + r - up) / w - (up > 0 and 1 or 0)
+            if ms > now or r > 0 then
+              local kq, kr = muldiv(burst - (remaining > 0 and remaining or 0) - 1, w, limit)
+              reset = ms - now - kq + (r > kr and 1 or 0)
+            end
+          else
+            local count, start, stop = S[o + S1], S[o + S2], S[o + S3]
+            if cost > 0 then
+              if at >= stop then
+                -- The next period, empty: the key holds one period.
+                local _
+                start, count = stop, 0
+                _, stop = period_bounds(start, w)
+              end
+              count = count + cost
+              call('SET', key, pack(QUOTA_FORMAT, start, count), 'PX', format('%d', stop - now))
+              token = start
+            end
+            if start > now then
+              -- A later period: no room now, until it starts.
+              remaining, reset = 0, start - now
+            else
+              remaining, reset = limit - count, stop - now
+            end
+          end
+          remaining = remaining > 0 and remaining or 0
+          reset = reset > 0 and reset or 0
+          if ledger then
+            -- Entered in the ledger as a reservation that lasts until `at`.
+            read_time()
+            local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
+            if type(pruned) == 'number' then
+              rid = time_us + rid_seq
+              while call('ZADD', ledger, 'NX', format('%d', at + LEDGER_GRACE), format('%d', rid)) == 0 do
+                rid = rid + 1
+              end
+              rid_seq = rid - time_us + 1
+              -- Never shorter than the ledger's other reservations need.
+              if call('PTTL', ledger) < wait + LEDGER_GRACE then
+                call('PEXPIRE', ledger, format('%d', wait + LEDGER_GRACE))
+              end
+            end
+          end
+          result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4],
+            result[nres + 5], result[nres + 6], result[nres + 7] =
+            1, remaining, reset, cost, wait, token, rid
+          nres = nres + 7
+        end
+        break
+      end
     end
 
     -- Sized for one plain zone: growing an array a power of two at a time reallocates it.
@@ -993,6 +1282,10 @@ repeat
         end
       elseif alg == 'q' then
         local count, stop = S[o + S1], S[o + S3]
+        if S[o + S4] then
+          -- The key is in a later period: no room until it starts, nothing granted or written.
+          stop, count = S[o + S2], limit
+        end
         if want and want > 0 and limit - count - cost >= 4 then
           -- Spent in this period or not at all.
           grant = min(want, floor((limit - count - cost) / 4))
@@ -1140,8 +1433,11 @@ repeat
               c = max(0, c - u)
               call('SET', key, pack(QUOTA_FORMAT, st, c), 'KEEPTTL')
             end
-            if st >= period_bounds(now, w) then
+            -- A later period than now's has no room now.
+            if st == period_bounds(now, w) then
               remaining = max(0, limit - c)
+            elseif st > period_bounds(now, w) then
+              remaining = 0
             end
           end
         elseif alg == 'Gb' then
@@ -1174,7 +1470,7 @@ repeat
       end
       result[nres + 1], result[nres + 2], result[nres + 3] = ok and 1 or 0, remaining, reset
       nres = nres + 3
-      if want then
+      if want or ndelay ~= 0 then
         local rid = 0
         if grant == 0 then
           lease, token = 0, 0
