@@ -987,6 +987,12 @@ repeat
       local want, lease, grant, token, ledger = S[o + WANT], 0, 0, 0, nil
       if want then
         lease = S[o + LEASE]
+      elseif ndelay ~= 0 then
+        -- A delay field: taken as a reserve zone that asks nothing, for the new life of a
+        -- missing key and the TTLs of entries delayed ahead of now.
+        want = 0
+      end
+      if want then
         ledger = ledger_of(key)
         if allowed == 0 or not ledger then
           want = 0
@@ -1069,7 +1075,8 @@ repeat
             .. string.rep(pack(PACKED_FORMAT, now), cost)
             .. string.sub(v, at * PACKED_LEN + 1, at2 * PACKED_LEN)
             .. string.rep(pack(PACKED_FORMAT, t), grant) .. string.sub(v, at2 * PACKED_LEN + 1),
-            'PX', format('%d', w + lease))
+            'PX', format('%d', max(w + lease, last > at2 and
+              unpack_struct(PACKED_FORMAT, v, (last - 1) * PACKED_LEN + 1) + w - now or 0)))
           token = t
         elseif commit then
           -- After the entries not newer than now: the last ones, unless a gateway clock runs
@@ -1127,8 +1134,14 @@ repeat
           token = m0
         end
         if want and alg == 'l' and (commit or grant > 0) then
-          -- Entries scored up to now + lease count until now + lease + window.
-          call('PEXPIRE', key, format('%d', w + lease))
+          -- Entries scored up to now + lease count until now + lease + window; delayed ones,
+          -- until the newest leaves.
+          local ttl = w + lease
+          if ndelay ~= 0 then
+            local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2]) + w - now
+            ttl = newest > ttl and newest or ttl
+          end
+          call('PEXPIRE', key, format('%d', ttl))
         end
         if commit then
           -- The new entries are scored now: the oldest unless an older one is known to stay.
@@ -1470,7 +1483,7 @@ repeat
       end
       result[nres + 1], result[nres + 2], result[nres + 3] = ok and 1 or 0, remaining, reset
       nres = nres + 3
-      if want or ndelay ~= 0 then
+      if want then
         local rid = 0
         if grant == 0 then
           lease, token = 0, 0
