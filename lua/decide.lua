@@ -84,6 +84,47 @@
 -- D). Its reply: { 1, 1, remaining, r } (remaining 0 when unknown: g, a missing balance), r 1
 -- when the reservation was of the key's present life (its rid left the ledger), else 0 and
 -- nothing was written. A check ("V") answers { 1, 1, r, 0 }, r 1 when rid is in the ledger.
+-- Delays (issue 33): a zone's algorithm field may end with "~<D>", D the longest this zone lets
+-- the request wait, in ms (decimal, 0 to an hour, 3600000), on l p c g q only, plain or reserve
+-- form ("g~5000", "l~0", "c+50:1000~2000"); "~" on anything else, or D above an hour, is bad
+-- arguments, and so is a decision whose zones do not all carry it (the module sends "~0" for a
+-- zone without delay= beside one with it). Such a zone is taken as a reserve zone (want 0 for a
+-- plain letter): a missing key it writes starts a new life, and its TTLs keep entries placed
+-- ahead of now; its reset_ms counts from now. The decision is taken exactly as without "~". If
+-- it is rejected, each zone's fit time is t_i = now when it is ok, else now + its honest wait
+-- (the reset_ms of a rejecting zone, exact or later, never earlier): the request is DELAYED iff
+-- every rejecting zone's wait is at most its D and its cost can ever fit (cost <= capacity).
+-- Then T = max t_i (> now), and the request is recorded at T in every zone (all or none) as a
+-- reservation of `cost` units arriving at T, entered in the ledger until T + LEDGER_GRACE, so
+-- that a give-back "G<letter><rid>" (u = cost, burst = token) returns it if the client goes away
+-- while waiting, and a reset makes that give-back write nothing; nothing is recorded at now and
+-- nothing is granted (want 0). Otherwise the rejection stands, writing nothing (pruning aside).
+-- Why recording at T keeps every limit at every instant, by admission instants: each zone's
+-- state after the placement is what a decision taken at T would leave (it admits cost there,
+-- see below), and every later decision reads it, the units ahead of now included. Monotonicity
+-- makes T a fit for every zone: a zone that admits cost at t admits it at any later t' when
+-- nothing else is written (log entries leave, the TAT falls behind, weights fall, a new period
+-- starts empty or at what was placed in it). Per algorithm:
+--   l  `cost` reserved members m0 .. m0+cost-1 (as a grant's) scored T; PEXPIRE until the
+--      newest entry leaves the window. Fit: the (used + cost - limit)-th oldest entry's score +
+--      window; entries scored ahead (reservations, delayed requests) are in the set and count.
+--   p  the same: `cost` entries of T in sorted position; token T; PX as for l.
+--   c  cost goes to the bucket of T: this one, or the next one as a reservation moves there
+--      (its previous count = this one + the weighted share, read in full until it starts); token
+--      that bucket's absolute index. Its fit in the next bucket is the fit of that state (later
+--      than the real one by at most the weighted share's weight). A counter holds two buckets
+--      only: a fit at the end of the next bucket (cost = limit), or a T of another zone beyond
+--      it, cannot be placed, and the request is rejected.
+--   g  the units arrive at T: TAT' = max(TAT, T) + cost*T_unit, exactly; token as a grant's.
+--      This is limit_req's leaky bucket with delay: burst is the part admitted without delay.
+--   q  cost counted in the period holding T: the next one, empty, when this one is full and
+--      its end is within D (the key holds one period: its count goes, and now's requests find
+--      a later period: no room). A key found in a later period than now's means, for every
+--      decision, "no room now; fits at that period's start" (reset_ms = its start - now; a cost
+--      0 read is ok, remaining 0): counting now's requests in the next period's count (as for a
+--      gateway clock ahead, before delays) would admit them against it, over the limit by
+--      admission instants once a delay can move a key on while the current period is full.
+--   Zones that were ok now and rejecting ones are recorded alike, at T.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
 -- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members
@@ -115,12 +156,22 @@
 -- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
--- sent a reserve field four more: granted, lease_ms, token, rid
+-- sent a reserve field, or of a decision whose zones sent delay fields, four more: granted,
+-- lease_ms, token, rid
+--   allowed   0 rejected, 1 admitted now, 2 delayed (a decision with delay fields only): then
+--             every zone answers ok 1; remaining what it admits at now after the placement;
+--             reset_ms as for an admitted zone; granted = cost, the units placed (0 if cost is
+--             0: then token 0 and rid 0, nothing written for that zone); lease_ms the wait
+--             T - now (>= 1, the same in every zone); token as below (l m0, p T, c the bucket
+--             written, g the TAT left, q the period's start); rid its ledger entry (0 for a key
+--             that cannot have a ledger: the placement still happens). A rejected or admitted
+--             decision answers zeros for a delay zone's four more (or its reserve's grant).
 --   ok        1 if the zone had room for this request's cost
 --   remaining units the zone still admits after this decision
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
 --             otherwise: ms until the zone admits one unit more than `remaining` (0 if full)
---             "q": always the ms to the period's end, when the whole limit is back
+--             "q": always the ms to the period's end, when the whole limit is back (a key in a
+--             later period: to its start)
 --             "b": always 0, only an operator refills a balance ("B": the same, remaining is
 --             the balance written)
 --   granted   g (0 when rejected or nothing granted); remaining excludes it
@@ -863,7 +914,8 @@ repeat
               local last = gone + used
               local at_idx = packed_upto(v, gone, last, at)
               v = string.sub(v, gone * PACKED_LEN + 1, at_idx * PACKED_LEN)
-                .. string.rep(pack(PACKED_FORMAT, at), cost) .. string.sub(v, at_idx * PACKED_LEN + 1)
+                .. string.rep(pack(PACKED_FORMAT, at), cost)
+                .. string.sub(v, at_idx * PACKED_LEN + 1)
               gone, used = 0, used + cost
               call('SET', key, v, 'PX',
                 format('%d', unpack_struct(PACKED_FORMAT, v, #v - PACKED_LEN + 1) + w - now))
@@ -953,8 +1005,9 @@ repeat
             read_time()
             local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
             if type(pruned) == 'number' then
+              local score = format('%d', at + LEDGER_GRACE)
               rid = time_us + rid_seq
-              while call('ZADD', ledger, 'NX', format('%d', at + LEDGER_GRACE), format('%d', rid)) == 0 do
+              while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
                 rid = rid + 1
               end
               rid_seq = rid - time_us + 1

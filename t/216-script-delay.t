@@ -73,6 +73,9 @@ sub m0 { sprintf '%.0f', $R + ($T0 + $_[0]) * 1000 }
 # A gcra token: the TAT left, (ms mod 2^22) * limit + r + 1.
 sub gtok { my ($t, $limit, $r) = @_; (($T0 + $t) % 4194304) * $limit + ($r // 0) + 1 }
 
+# A give-back's reply (4 integers) as one line.
+sub raw { ref $_[0] eq 'ARRAY' ? "@{$_[0]}" : RLTest::Redis::format_reply($_[0]) }
+
 sub quota_value {
     my $v = redis_cmd('GET', $_[0]);
     return $v unless defined $v && length $v == 10;
@@ -158,7 +161,7 @@ for my $alg ('l', 'p') {
     # The give-back of the last one returns its place: the next takes it (1900 again).
     my $rid = $RID{$k};
     my $r = decide_raw([$k], $T0 + 10, "Gg$rid", 10, 1000, 1, gtok(2000, 10));
-    is(RLTest::Redis::format_reply($r), RLTest::Redis::format_reply([1, 1, 0, 1]), 'g: give-back of the last delayed request');
+    is(raw($r), '1 1 0 1', 'g: give-back of the last delayed request');
     is(gcra_value($k, 10), ($T0 + 1900) . '+0/10', 'g: its place returned');
     is(dec(20, [$k, 'g~5000', 10, 1000, 1, 1]), '2 | 1 0 1980 1 1880 ' . gtok(2000, 10),
         'g: the next takes it: at t=1900');
@@ -169,7 +172,7 @@ for my $alg ('l', 'p') {
     is(dec(30, [$k, 'g~5000', 10, 1000, 1, 1]), '2 | 1 0 200 1 100 ' . gtok(230, 10), 'g: delayed in it');
     $before = snapshot($k);
     $r = decide_raw([$k], $T0 + 40, "Gg$rid", 10, 1000, 1, gtok(2000, 10));
-    is(RLTest::Redis::format_reply($r), RLTest::Redis::format_reply([1, 1, 0, 0]), 'g: an old life\'s give-back: reset field 0');
+    is(raw($r), '1 1 0 0', 'g: an old life\'s give-back: reset field 0');
     is(snapshot($k), $before, 'g: ... writing nothing');
 }
 
@@ -238,7 +241,7 @@ for my $alg ('l', 'p') {
     is(dec(0, [$k, 'l~5000', 1, 1000]), '1 | 1 0 1000 0 0 0', 'Gl: at once');
     is(dec(100, [$k, 'l~5000', 1, 1000]), '2 | 1 0 1900 1 900 ' . m0(100), 'Gl: delayed to 1000');
     my $r = decide_raw([$k], $T0 + 200, "Gl$RID{$k}", 1, 1000, 1, m0(100));
-    is(RLTest::Redis::format_reply($r), RLTest::Redis::format_reply([1, 1, 0, 1]), 'Gl: given back');
+    is(raw($r), '1 1 0 1', 'Gl: given back');
     is(zscores($k), 'a@0', 'Gl: its entry gone');
     is(dec(300, [$k, 'l~5000', 1, 1000]), '2 | 1 0 1700 1 700 ' . m0(300), 'Gl: the next takes its place');
     # A reserve field with a delay: no grant on a delayed decision.
@@ -246,6 +249,23 @@ for my $alg ('l', 'p') {
         'Gl: a reserve zone delayed: cost placed, nothing granted');
     is(dec(0, ['rl:delay:rz', 'l+8:1000~0', 20, 1000]), '1 | 1 15 1000 4 1000 ' . m0(0),
         'a reserve zone with ~0 admitted at once: its grant as ever');
+}
+
+######################################################################
+# A zone of cost 0 in a delayed decision places nothing; a key that cannot have
+# a ledger (a brace, no hash tag) is placed all the same, with rid 0.
+{
+    my ($g, $c) = ('rl:delay:zg', 'rl:delay:zc');
+    is(dec(0, [$g, 'g~5000', 10, 1000, 1, 1], [$c, 'c~5000', 10, 1000, 0]),
+        '1 | 1 0 100 0 0 0 | 1 10 0 0 0 0', 'cost 0: at once');
+    is(dec(0, [$g, 'g~5000', 10, 1000, 1, 1], [$c, 'c~5000', 10, 1000, 0]),
+        '2 | 1 0 200 1 100 ' . gtok(200, 10) . ' | 1 10 0 0 100 0', 'cost 0: delayed, nothing placed there');
+    is(redis_cmd('EXISTS', $c), 0, 'cost 0: ... no key written');
+    my $b = 'rl:delay:{brace';
+    is(dec(0, [$b, 'g~5000', 10, 1000, 1, 1]), '1 | 1 0 100 0 0 0', 'no ledger: at once');
+    my $r = decide_raw([$b], $T0, 'g~5000', 10, 1000, 1, 1);
+    is(raw($r), '2 1 0 200 1 100 ' . gtok(200, 10) . ' 0', 'no ledger: delayed, rid 0');
+    is(gcra_value($b, 10), ($T0 + 200) . '+0/10', 'no ledger: placed all the same');
 }
 
 ######################################################################
