@@ -449,7 +449,7 @@ repeat
   end
 
   local result, allowed = nil, 1
-  -- Zones met so far that sent a delay field: all of them or none.
+  -- Zones met so far that sent a delay field: all of the decision's or none.
   local ndelay = 0
   repeat -- `break` ends this decision early with `result` set to its error
     for i = declared - k >= 1 and declared - k + 1 or 1, nzones do
@@ -489,6 +489,11 @@ repeat
         if string.find(alg, '~', 2, true) then
           -- A delay field: the letter (or reserve field) it extends, then its longest wait.
           local base, d = string.match(alg, DELAY_PATTERN)
+          if ndelay ~= i - 1 then
+            -- After a zone without one (a zone without one after these: once all are read).
+            result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
+            break
+          end
           if base and tonumber(d) <= MAX_DELAY then
             alg, S[o + DELAY], ndelay = base, tonumber(d), ndelay + 1
           else
@@ -552,7 +557,7 @@ repeat
       end
       -- The commonest algorithms first: each test costs about as much as a command's byte.
       if not (limit and w and cost and burst) or limit < 1 or w < 1 or cost < 0
-          or ndelay ~= 0 and ndelay ~= i or alg ~= 'c' and alg ~= 'l' and alg ~= 'p' and (
+          or alg ~= 'c' and alg ~= 'l' and alg ~= 'p' and (
             (alg ~= 'r' and alg ~= 'g' and alg ~= 'q' and alg ~= 'b' and alg ~= 'B'
               and alg ~= 'D' and alg ~= 'n' and alg ~= 'V' and #alg ~= 2)
             or (alg == 'V' and not S[o + RID])
@@ -750,6 +755,11 @@ repeat
       end
     end
     if result then
+      break
+    end
+    if ndelay ~= 0 and ndelay ~= nzones then
+      -- Zones 1 .. ndelay sent a delay field, the next one did not.
+      result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. (ndelay + 1))
       break
     end
 
