@@ -283,6 +283,8 @@ for my $alg ('l', 'p') {
         'a mix: the second zone without ~');
     is(dec(0, ['rl:delay:b1', 'g', 10, 1000, 1, 1], ['rl:delay:b2', 'g~100', 10, 1000, 1, 1]), "$bad 2",
         'a mix: the first zone without ~');
+    is(dec(0, ['rl:delay:b1', 'g~100', 10, 1000, 1, 1], ['rl:delay:b2', 'g', 10, 1000, 1, 1],
+        ['rl:delay:b3', 'g~100', 10, 1000, 1, 1]), "$bad 3", 'a mix: a zone without ~ between two with it');
     is(snapshot('rl:delay:b1', 'rl:delay:b2'), 'rl:delay:b1=none:(nil) ; rl:delay:b2=none:(nil)',
         'a mix writes nothing');
 }
