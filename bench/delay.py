@@ -190,8 +190,8 @@ def main():
     lines += [
         "",
         f"A delayed request costs the worker {per['delay'] - per['exact']:+,.0f} instructions over "
-        "one admitted at once (its timer, the places it keeps for a give-back, the metrics), "
-        "and Redis nothing more: the call that decides it records it.",
+        "one admitted at once (its timer, its places kept for a give-back, the metrics), "
+        "and no second Redis call: the one that decides it records it, with a ledger entry besides.",
     ]
     write_report(args.out, lines)
 
