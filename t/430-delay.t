@@ -111,7 +111,11 @@ http_parallel([map { req("/l10?k=warm$_&hold=0", $_ % 2) } 1 .. 4]);
         my $n = grep { $_ >= $t[$i] && $_ < $t[$i] + 1 } @t;
         $most = $n if $n > $most;
     }
-    cmp_ok($most, '<=', 11, "gcra: never more than 11 in any second at the backend ($most)");
+    SKIP: {
+        # A worker late for its timers lets the requests whose turns passed go on together.
+        skip 'valgrind: a slowed worker lets waiting requests go on late and together', 1 if $VALGRIND;
+        cmp_ok($most, '<=', 11, "gcra: never more than 11 in any second at the backend ($most)");
+    }
     cmp_ok($t[-1] - $t[0], '>=', 1.7, sprintf 'gcra: the last %.2f s after the first', $t[-1] - $t[0]);
     my @delayed = grep { (header($_, 'X-RL') // '') eq 'DELAYED' } @$res;
     cmp_ok(scalar @delayed, '>=', 18, 'gcra: the others were DELAYED ($ratelimit_status)');
@@ -273,8 +277,11 @@ for my $z (sort keys %AUDIT) {
     my ($alg, %o) = @{ $AUDIT{$z} };
     my $r = check($alg, $adm{$z} // [], %o);
     ok($r->{ok}, "audit $alg with delay=: " . summary($r)) or diag(explain($r->{examples}));
-    $r = check($alg, $at{$z} // [], %o);
-    ok($r->{ok}, "audit $alg by admission instants: " . summary($r)) or diag(explain($r->{examples}));
+    SKIP: {
+        skip 'valgrind: a slowed worker lets waiting requests go on late and together', 1 if $VALGRIND;
+        $r = check($alg, $at{$z} // [], %o);
+        ok($r->{ok}, "audit $alg by admission instants: " . summary($r)) or diag(explain($r->{examples}));
+    }
 }
 
 # --- Metrics.
