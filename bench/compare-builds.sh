@@ -5,9 +5,9 @@
 # Why: bench/compare.md's ratios move with the machine, not only with the code. The run of
 # 2026-12-03 (Intel Xeon) against the one before (AMD EPYC) showed Redis CPU per decision
 # module/Lua 0.55 -> 0.68 and requests/s module/no limiter 0.51 -> 0.41 after changes that cut
-# the work of both; the same build of 0f2e2b8 measured here beside main gave the new machine's
-# ratios, not the old ones (docs/benchmarks.md). A before/after of the code is measured so,
-# in one run, not as two compare.md files from two hosts.
+# the work of both; 0f2e2b8 measured here beside 09b916f on the new machine gave the new
+# machine's ratios, not the old ones (bench/compare-builds.md, docs/benchmarks.md). A
+# before/after of the code is measured so, in one run, not as two compare.md files from two hosts.
 #
 # One redis-server, one Debian /usr/sbin/nginx per build (each on its own port, all idle but
 # the one measured), contenders interleaved in every round: no limiter and the article's Lua
