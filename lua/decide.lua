@@ -84,6 +84,47 @@
 -- D). Its reply: { 1, 1, remaining, r } (remaining 0 when unknown: g, a missing balance), r 1
 -- when the reservation was of the key's present life (its rid left the ledger), else 0 and
 -- nothing was written. A check ("V") answers { 1, 1, r, 0 }, r 1 when rid is in the ledger.
+-- Delays (issue 33): a zone's algorithm field may end with "~<D>", D the longest this zone lets
+-- the request wait, in ms (decimal, 0 to an hour, 3600000), on l p c g q only, plain or reserve
+-- form ("g~5000", "l~0", "c+50:1000~2000"); "~" on anything else, or D above an hour, is bad
+-- arguments, and so is a decision whose zones do not all carry it (the module sends "~0" for a
+-- zone without delay= beside one with it). Such a zone is taken as a reserve zone (want 0 for a
+-- plain letter): a missing key it writes starts a new life, and its TTLs keep entries placed
+-- ahead of now; its reset_ms counts from now. The decision is taken exactly as without "~". If
+-- it is rejected, each zone's fit time is t_i = now when it is ok, else now + its honest wait
+-- (the reset_ms of a rejecting zone, exact or later, never earlier): the request is DELAYED iff
+-- every rejecting zone's wait is at most its D and its cost can ever fit (cost <= capacity).
+-- Then T = max t_i (> now), and the request is recorded at T in every zone (all or none) as a
+-- reservation of `cost` units arriving at T, entered in the ledger until T + LEDGER_GRACE, so
+-- that a give-back "G<letter><rid>" (u = cost, burst = token) returns it if the client goes away
+-- while waiting, and a reset makes that give-back write nothing; nothing is recorded at now and
+-- nothing is granted (want 0). Otherwise the rejection stands, writing nothing (pruning aside).
+-- Why recording at T keeps every limit at every instant, by admission instants: each zone's
+-- state after the placement is what a decision taken at T would leave (it admits cost there,
+-- see below), and every later decision reads it, the units ahead of now included. Monotonicity
+-- makes T a fit for every zone: a zone that admits cost at t admits it at any later t' when
+-- nothing else is written (log entries leave, the TAT falls behind, weights fall, a new period
+-- starts empty or at what was placed in it). Per algorithm:
+--   l  `cost` reserved members m0 .. m0+cost-1 (as a grant's) scored T; PEXPIRE until the
+--      newest entry leaves the window. Fit: the (used + cost - limit)-th oldest entry's score +
+--      window; entries scored ahead (reservations, delayed requests) are in the set and count.
+--   p  the same: `cost` entries of T in sorted position; token T; PX as for l.
+--   c  cost goes to the bucket of T: this one, or the next one as a reservation moves there
+--      (its previous count = this one + the weighted share, read in full until it starts); token
+--      that bucket's absolute index. Its fit in the next bucket is the fit of that state (later
+--      than the real one by at most the weighted share's weight). A counter holds two buckets
+--      only: a fit at the end of the next bucket (cost = limit), or a T of another zone beyond
+--      it, cannot be placed, and the request is rejected.
+--   g  the units arrive at T: TAT' = max(TAT, T) + cost*T_unit, exactly; token as a grant's.
+--      This is limit_req's leaky bucket with delay: burst is the part admitted without delay.
+--   q  cost counted in the period holding T: the next one, empty, when this one is full and
+--      its end is within D (the key holds one period: its count goes, and now's requests find
+--      a later period: no room). A key found in a later period than now's means, for every
+--      decision, "no room now; fits at that period's start" (reset_ms = its start - now; a cost
+--      0 read is ok, remaining 0): counting now's requests in the next period's count (as for a
+--      gateway clock ahead, before delays) would admit them against it, over the limit by
+--      admission instants once a delay can move a key on while the current period is full.
+--   Zones that were ok now and rejecting ones are recorded alike, at T.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
 -- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members
@@ -115,12 +156,22 @@
 -- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
--- sent a reserve field four more: granted, lease_ms, token, rid
+-- sent a reserve field, or of a decision whose zones sent delay fields, four more: granted,
+-- lease_ms, token, rid
+--   allowed   0 rejected, 1 admitted now, 2 delayed (a decision with delay fields only): then
+--             every zone answers ok 1; remaining what it admits at now after the placement;
+--             reset_ms as for an admitted zone; granted = cost, the units placed (0 if cost is
+--             0: then token 0 and rid 0, nothing written for that zone); lease_ms the wait
+--             T - now (>= 1, the same in every zone); token as below (l m0, p T, c the bucket
+--             written, g the TAT left, q the period's start); rid its ledger entry (0 for a key
+--             that cannot have a ledger: the placement still happens). A rejected or admitted
+--             decision answers zeros for a delay zone's four more (or its reserve's grant).
 --   ok        1 if the zone had room for this request's cost
 --   remaining units the zone still admits after this decision
 --   reset_ms  a rejecting zone: ms until this request would fit (the honest Retry-After);
 --             otherwise: ms until the zone admits one unit more than `remaining` (0 if full)
---             "q": always the ms to the period's end, when the whole limit is back
+--             "q": always the ms to the period's end, when the whole limit is back (a key in a
+--             later period: to its start)
 --             "b": always 0, only an operator refills a balance ("B": the same, remaining is
 --             the balance written)
 --   granted   g (0 when rejected or nothing granted); remaining excludes it
@@ -158,6 +209,8 @@ local MAX_BALANCE_LEN = 16
 -- Reservations: the reserve field, and the caps of want (units) and lease_ms (a year).
 local RESERVE_PATTERN = '^([lpcgqb])%+(%d+):(%d+)$'
 local MAX_UNITS, MAX_LEASE = 1000000000, 365 * 86400000
+-- Delays: the delay field's ending on a plain letter or a reserve field, and its cap (an hour).
+local DELAY_PATTERN, MAX_DELAY = '^([lpcgq][%d+:]*)~(%d+)$', 3600000
 -- sliding_log: reserved members start here, above the µs-clock members of admissions (below 2^52
 -- until the year 2112), so that a reservation never makes an admission look for a free member.
 local RESERVED_MEMBERS = 2 ^ 52
@@ -264,6 +317,48 @@ local function packed_upto(v, from, to, t)
   return from
 end
 
+-- sliding_log: n new members m0 .. m0+n-1 scored `score` (a reservation's units, or a delayed
+-- request's place), after the member of the entry scored last (most often the last
+-- reservation's last member), else from 2^52 + the clock in µs; returns m0. ZADD NX first scores
+-- them -inf (no entry in the window has that score): all new, they get their score; else they
+-- go and a further block is tried.
+local function add_reserved(key, n, base_us, score)
+  local m0 = RESERVED_MEMBERS + base_us
+  local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
+  if top and top >= m0 and top + 1 + n < EXACT then
+    m0 = top + 1
+  end
+  local skip = n
+  while true do
+    local added, j = 0, 0
+    while j < n do
+      local args, c = {}, min(n - j, ZADD_CHUNK)
+      for x = 1, c do
+        args[2 * x - 1] = '-inf'
+        args[2 * x] = format('%d', m0 + j + x - 1)
+      end
+      added = added + call('ZADD', key, 'NX', unpack(args))
+      j = j + c
+    end
+    if added == n then
+      break
+    end
+    call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
+    m0, skip = m0 + skip, skip * 2
+  end
+  local j = 0
+  while j < n do
+    local args, c = {}, min(n - j, ZADD_CHUNK)
+    for x = 1, c do
+      args[2 * x - 1] = score
+      args[2 * x] = format('%d', m0 + j + x - 1)
+    end
+    call('ZADD', key, 'XX', unpack(args))
+    j = j + c
+  end
+  return m0
+end
+
 -- calendar quota: one 10-byte string per key, (period start in UTC ms, count). The start tells a
 -- period from the next when a gateway clock is ahead of the key's expiry.
 local QUOTA_FORMAT, QUOTA_LEN = '<I6I4', 10
@@ -314,20 +409,22 @@ end
 --   sliding_counter  S1 current, S2 previous, S3 window index, S4 elapsed in it,
 --                    S5 previous count weighted into the rolling window, rounded up
 --   gcra             S1 ms, S2 r (the TAT), S3 ms, S4 r (the TAT after this request)
---   calendar quota   S1 count, S2 period start, S3 period end
+--   calendar quota   S1 count, S2 period start, S3 period end, S4 true if that period is
+--                    later than now's (the key was found there)
 --   balance          S1 balance (a missing key: its default), S2 true if the key is missing
 --   give-back        S4 the value (GET), Gl: S1 the set's size, Gg: S1 ms, S2 r (the TAT)
 --   OK whether the zone has room; FRESH the key was missing (a reserve zone writing it starts
 --   a new life); RID the rid of a give-back or check;
 --   ALG .. LEASE its arguments as the first pass read them, for the second: the operation (a
 --   reserve field's letter, a give-back's two letters), limit, window, cost, burst (the
---   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others).
+--   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others);
+--   DELAY a delay field's longest wait (read only when every zone of the decision sent one).
 --   Each argument is parsed once: tonumber of a decimal string is two strtod calls.
-local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-local ZONE_FIELDS = 15
+local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+local ZONE_FIELDS = 16
 -- Sized for a decision of one zone up front, not grown a power of two at a time.
-local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local nargv = #ARGV
 -- The previous zone's figures (limit, window, cost, burst) as sent and as numbers, and the last
 -- algorithm field met: tonumber of a decimal costs two strtod calls, the zones of a batch mostly
@@ -394,6 +491,8 @@ repeat
   end
 
   local result, allowed = nil, 1
+  -- Zones met so far that sent a delay field: all of the decision's or none.
+  local ndelay = 0
   repeat -- `break` ends this decision early with `result` set to its error
     for i = declared - k >= 1 and declared - k + 1 or 1, nzones do
       local e = pcall_redis('EXISTS', keys[k + i])
@@ -429,6 +528,20 @@ repeat
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
       local held = alg
       if alg and #alg > 1 then
+        if string.find(alg, '~', 2, true) then
+          -- A delay field: the letter (or reserve field) it extends, then its longest wait.
+          local base, d = string.match(alg, DELAY_PATTERN)
+          if ndelay ~= i - 1 then
+            -- After a zone without one (a zone without one after these: once all are read).
+            result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
+            break
+          end
+          if base and tonumber(d) <= MAX_DELAY then
+            alg, S[o + DELAY], ndelay = base, tonumber(d), ndelay + 1
+          else
+            alg = '?'
+          end
+        end
         alg, S[o + RID] = split_rid(alg)
         held = alg
         if alg == 'Gn' or alg == 'Rn' then
@@ -610,19 +723,22 @@ repeat
       elseif alg == 'q' then
         -- Calendar quota: a count per period, gone with the period.
         local start, stop = period_bounds(now, w)
-        local count = 0
+        local count, later = 0, false
         if v then
           local st, c = unpack_struct(QUOTA_FORMAT, v)
           if st == start then
             count = c
           elseif st > start then
-            -- Written by a gateway whose clock is already in the next period: count there.
+            -- A later period (a gateway clock ahead, or a request delayed into the next period
+            -- because this one is full): no room now, whatever its count. Counting now's
+            -- requests there would admit them against the next period's count: more than the
+            -- limit by admission instants. It fits at that period's start.
             start, stop = period_bounds(st, w)
-            count = c
+            count, later = c, true
           end
         end
-        S[o + S1], S[o + S2], S[o + S3] = count, start, stop
-        ok = count + cost <= limit
+        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = count, start, stop, later
+        ok = count + cost <= limit and not later or cost == 0
       elseif alg == 'b' then
         -- Credit balance: a decimal integer the operator sets and tops up (SET, INCRBY).
         local missing = not v
@@ -683,6 +799,250 @@ repeat
     if result then
       break
     end
+    if ndelay ~= 0 and ndelay ~= nzones then
+      -- Zones 1 .. ndelay sent a delay field, the next one did not.
+      result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. (ndelay + 1))
+      break
+    end
+
+    if allowed == 0 and ndelay ~= 0 then
+      -- Delayed admissions (issue 33): the instant `at` this request fits in every zone, if
+      -- each zone that rejects it now lets it wait that long (its delay field).
+      local at, fits = now, true
+      for i = 1, nzones do
+        local o = ZONE_FIELDS * (i - 1)
+        if not S[o + OK] then
+          local alg, limit, w, cost = S[o + ALG], S[o + LIMIT], S[o + WIN], S[o + COST]
+          -- ms from now until the zone admits `cost`; nil: never, or not representable.
+          local wait
+          if alg == 'l' or alg == 'p' then
+            -- Once the (used + cost - limit)-th oldest entry has left the window; entries scored
+            -- ahead (reservations, delayed requests) are in the log and count alike.
+            if cost <= limit then
+              local idx, s = S[o + S1] + cost - limit - 1, nil
+              if alg == 'p' then
+                s = unpack_struct(PACKED_FORMAT, S[o + S4], (S[o + S3] + idx) * PACKED_LEN + 1)
+              else
+                local at_idx = format('%d', idx)
+                s = tonumber(call('ZRANGE', keys[k + i], at_idx, at_idx, 'WITHSCORES')[2])
+              end
+              if s and s < MAX_TIME then
+                wait = s + w - now
+              end
+            end
+          elseif alg == 'c' then
+            local cur, prev, idx, elapsed, weighted =
+              S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5]
+            local target = limit - cost
+            if target >= 0 then
+              -- From the start of the bucket the key holds when that is ahead (elapsed 0 then).
+              local ahead = idx * w - now
+              ahead = ahead > 0 and ahead or 0
+              local r = w - elapsed
+              if cur <= target and prev > 0 then
+                -- In this bucket, once the previous one's weight has fallen enough.
+                r = w - elapsed - muldiv(target - cur, w, prev)
+              end
+              if r < w - elapsed then
+                wait = ahead + r
+              else
+                -- In the next bucket, as the placement writes it: its previous count is this
+                -- one's plus the weighted share (read in full until it starts), so this is
+                -- the real fit of that state, never earlier. A fit only at the end of the next
+                -- bucket cannot be placed (two buckets on): nil.
+                local pv = cur + weighted
+                local e = pv > target and w - muldiv(target, w, pv) or 0
+                if e < w then
+                  wait = ahead + (w - elapsed) + e
+                end
+              end
+            end
+          elseif alg == 'g' then
+            -- Until the new TAT is within burst spacings of that instant, as the reset of a
+            -- rejection; a TAT ahead of now is unchanged by waiting.
+            local burst = S[o + BURST]
+            if cost <= burst then
+              local bq, br = muldiv(burst, w, limit)
+              wait = S[o + S3] - now - bq + (S[o + S4] > br and 1 or 0)
+            end
+          elseif alg == 'q' then
+            -- At the next period's start, empty (the key holds one period); a key already in a
+            -- later period: at that period's start, if its count leaves room.
+            if S[o + S4] then
+              if S[o + S1] + cost <= limit then
+                wait = S[o + S2] - now
+              end
+            elseif cost <= limit then
+              wait = S[o + S3] - now
+            end
+          end
+          if not wait or wait > S[o + DELAY] then
+            fits = false
+            break
+          end
+          if now + wait > at then
+            at = now + wait
+          end
+        end
+      end
+      for i = 1, fits and nzones or 0 do
+        -- A counter holds this bucket and the next one only: a later instant (another zone's)
+        -- cannot be placed there.
+        local o = ZONE_FIELDS * (i - 1)
+        local w = S[o + WIN]
+        if S[o + ALG] == 'c' and S[o + COST] > 0 and floor(at / w) > floor(now / w) + 1 then
+          fits = false
+        end
+      end
+      if fits then
+        -- Recorded at `at` in every zone, as a reservation of `cost` units arriving then (a
+        -- give-back returns it), and nothing at now.
+        local wait, at_s = at - now, format('%d', at)
+        result = { 2, nil, nil, nil, nil, nil, nil, nil }
+        local nres = 1
+        for i = 1, nzones do
+          local o = ZONE_FIELDS * (i - 1)
+          local key, alg = keys[k + i], S[o + ALG]
+          local limit, w, cost = S[o + LIMIT], S[o + WIN], S[o + COST]
+          local remaining, reset, token, rid = 0, 0, 0, 0
+          local ledger = cost > 0 and ledger_of(key)
+          if ledger and S[o + FRESH] then
+            -- The key starts a new life: no reservation of an older one may touch it.
+            call('DEL', ledger)
+          end
+          if alg == 'l' then
+            local used = S[o + S1]
+            if cost > 0 then
+              -- Members as a grant's, scored `at`.
+              token = add_reserved(key, cost, base_us, at_s)
+              -- Until the newest entry leaves the window: it may be scored later than `at`.
+              local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
+              call('PEXPIRE', key, format('%d', max(at, newest) + w - now))
+              used = used + cost
+            end
+            if used > 0 then
+              -- One unit more than `remaining` is back when this entry leaves the window.
+              local at_idx = format('%d', used >= limit and used - limit or 0)
+              reset = tonumber(call('ZRANGE', key, at_idx, at_idx, 'WITHSCORES')[2]) + w - now
+            end
+            remaining = limit - used
+          elseif alg == 'p' then
+            local used, gone, v = S[o + S1], S[o + S3], S[o + S4]
+            if cost > 0 then
+              local last = gone + used
+              local at_idx = packed_upto(v, gone, last, at)
+              v = string.sub(v, gone * PACKED_LEN + 1, at_idx * PACKED_LEN)
+                .. string.rep(pack(PACKED_FORMAT, at), cost)
+                .. string.sub(v, at_idx * PACKED_LEN + 1)
+              gone, used = 0, used + cost
+              call('SET', key, v, 'PX',
+                format('%d', unpack_struct(PACKED_FORMAT, v, #v - PACKED_LEN + 1) + w - now))
+              token = at
+            end
+            if used > 0 then
+              reset = unpack_struct(PACKED_FORMAT, v,
+                (gone + (used >= limit and used - limit or 0)) * PACKED_LEN + 1) + w - now
+            end
+            remaining = limit - used
+          elseif alg == 'c' then
+            local cur, prev, idx, elapsed, weighted =
+              S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5]
+            if cost > 0 then
+              if floor(at / w) > idx then
+                -- The next bucket, as a reservation moves there: read in full until it starts.
+                idx, elapsed, prev, weighted, cur = idx + 1, 0, cur + weighted, cur + weighted, 0
+              end
+              cur = cur + cost
+              call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
+                format('%d', (idx + 2) * w - now))
+              token = idx
+            end
+            remaining = limit - cur - weighted
+            remaining = remaining > 0 and remaining or 0
+            -- As for an admitted zone: the estimate falling to `target`, from the bucket held.
+            local target = limit - remaining - 1
+            if cur ~= 0 or prev ~= 0 then
+              if cur <= target then
+                if target - cur < prev then
+                  reset = w - elapsed - muldiv(target - cur, w, prev)
+                end
+              else
+                reset = (w - elapsed) + w - muldiv(target, w, cur)
+              end
+              if reset > 0 and idx * w > now then
+                reset = reset + idx * w - now
+              end
+            end
+          elseif alg == 'g' then
+            local burst, ms, r = S[o + BURST], S[o + S1], S[o + S2]
+            if cost > 0 then
+              -- The units arrive at `at`: limit_req's leaky bucket with delay.
+              if ms < at then
+                ms, r = at, 0
+              end
+              local cq, cr = muldiv(cost, w, limit)
+              ms, r = ms + cq, r + cr
+              if r >= limit then
+                ms, r = ms + 1, r - limit
+              end
+              call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX',
+                format('%d', ms - now + (r > 0 and 1 or 0)))
+              token = (ms % TAT_TOKEN_MOD) * limit + r + 1
+            end
+            local uq, ur = muldiv(limit, ms - now, w)
+            local up = (ur + r) % w
+            remaining = burst - uq - (ur + r - up) / w - (up > 0 and 1 or 0)
+            if ms > now or r > 0 then
+              local kq, kr = muldiv(burst - (remaining > 0 and remaining or 0) - 1, w, limit)
+              reset = ms - now - kq + (r > kr and 1 or 0)
+            end
+          else
+            local count, start, stop = S[o + S1], S[o + S2], S[o + S3]
+            if cost > 0 then
+              if at >= stop then
+                -- The next period, empty: the key holds one period.
+                local _
+                start, count = stop, 0
+                _, stop = period_bounds(start, w)
+              end
+              count = count + cost
+              call('SET', key, pack(QUOTA_FORMAT, start, count), 'PX', format('%d', stop - now))
+              token = start
+            end
+            if start > now then
+              -- A later period: no room now, until it starts.
+              remaining, reset = 0, start - now
+            else
+              remaining, reset = limit - count, stop - now
+            end
+          end
+          remaining = remaining > 0 and remaining or 0
+          reset = reset > 0 and reset or 0
+          if ledger then
+            -- Entered in the ledger as a reservation that lasts until `at`.
+            read_time()
+            local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
+            if type(pruned) == 'number' then
+              local score = format('%d', at + LEDGER_GRACE)
+              rid = time_us + rid_seq
+              while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
+                rid = rid + 1
+              end
+              rid_seq = rid - time_us + 1
+              -- Never shorter than the ledger's other reservations need.
+              if call('PTTL', ledger) < wait + LEDGER_GRACE then
+                call('PEXPIRE', ledger, format('%d', wait + LEDGER_GRACE))
+              end
+            end
+          end
+          result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4],
+            result[nres + 5], result[nres + 6], result[nres + 7] =
+            1, remaining, reset, cost, wait, token, rid
+          nres = nres + 7
+        end
+        break
+      end
+    end
 
     -- Sized for one plain zone: growing an array a power of two at a time reallocates it.
     result = { allowed, nil, nil, nil }
@@ -698,6 +1058,12 @@ repeat
       local want, lease, grant, token, ledger = S[o + WANT], 0, 0, 0, nil
       if want then
         lease = S[o + LEASE]
+      elseif ndelay ~= 0 then
+        -- A delay field: taken as a reserve zone that asks nothing, for the new life of a
+        -- missing key and the TTLs of entries delayed ahead of now.
+        want = 0
+      end
+      if want then
         ledger = ledger_of(key)
         if allowed == 0 or not ledger then
           want = 0
@@ -780,7 +1146,8 @@ repeat
             .. string.rep(pack(PACKED_FORMAT, now), cost)
             .. string.sub(v, at * PACKED_LEN + 1, at2 * PACKED_LEN)
             .. string.rep(pack(PACKED_FORMAT, t), grant) .. string.sub(v, at2 * PACKED_LEN + 1),
-            'PX', format('%d', w + lease))
+            'PX', format('%d', max(w + lease, last > at2 and
+              unpack_struct(PACKED_FORMAT, v, (last - 1) * PACKED_LEN + 1) + w - now or 0)))
           token = t
         elseif commit then
           -- After the entries not newer than now: the last ones, unless a gateway clock runs
@@ -798,48 +1165,18 @@ repeat
           end
         end
         if grant > 0 and alg == 'l' then
-          -- g new members m0 .. m0+g-1 scored now + lease: after the member of the entry scored
-          -- last (most often the last reservation's last member), else from 2^52 + the clock in
-          -- µs. ZADD NX first scores them -inf (no entry in the window has that score): all new,
-          -- they get their score; else they go and a further block is tried.
-          local m0 = RESERVED_MEMBERS + base_us
-          local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
-          if top and top >= m0 and top + 1 + grant < EXACT then
-            m0 = top + 1
-          end
-          local skip = grant
-          while true do
-            local added, j = 0, 0
-            while j < grant do
-              local args, n = {}, min(grant - j, ZADD_CHUNK)
-              for x = 1, n do
-                args[2 * x - 1] = '-inf'
-                args[2 * x] = format('%d', m0 + j + x - 1)
-              end
-              added = added + call('ZADD', key, 'NX', unpack(args))
-              j = j + n
-            end
-            if added == grant then
-              break
-            end
-            call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
-            m0, skip = m0 + skip, skip * 2
-          end
-          local score, j = format('%d', now + lease), 0
-          while j < grant do
-            local args, n = {}, min(grant - j, ZADD_CHUNK)
-            for x = 1, n do
-              args[2 * x - 1] = score
-              args[2 * x] = format('%d', m0 + j + x - 1)
-            end
-            call('ZADD', key, 'XX', unpack(args))
-            j = j + n
-          end
-          token = m0
+          -- g new members scored now + lease.
+          token = add_reserved(key, grant, base_us, format('%d', now + lease))
         end
         if want and alg == 'l' and (commit or grant > 0) then
-          -- Entries scored up to now + lease count until now + lease + window.
-          call('PEXPIRE', key, format('%d', w + lease))
+          -- Entries scored up to now + lease count until now + lease + window; delayed ones,
+          -- until the newest leaves.
+          local ttl = w + lease
+          if ndelay ~= 0 then
+            local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2]) + w - now
+            ttl = newest > ttl and newest or ttl
+          end
+          call('PEXPIRE', key, format('%d', ttl))
         end
         if commit then
           -- The new entries are scored now: the oldest unless an older one is known to stay.
@@ -993,6 +1330,10 @@ repeat
         end
       elseif alg == 'q' then
         local count, stop = S[o + S1], S[o + S3]
+        if S[o + S4] then
+          -- The key is in a later period: no room until it starts, nothing granted or written.
+          stop, count = S[o + S2], limit
+        end
         if want and want > 0 and limit - count - cost >= 4 then
           -- Spent in this period or not at all.
           grant = min(want, floor((limit - count - cost) / 4))
@@ -1140,8 +1481,11 @@ repeat
               c = max(0, c - u)
               call('SET', key, pack(QUOTA_FORMAT, st, c), 'KEEPTTL')
             end
-            if st >= period_bounds(now, w) then
+            -- A later period than now's has no room now.
+            if st == period_bounds(now, w) then
               remaining = max(0, limit - c)
+            elseif st > period_bounds(now, w) then
+              remaining = 0
             end
           end
         elseif alg == 'Gb' then

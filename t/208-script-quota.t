@@ -98,7 +98,8 @@ for my $m (@months) {
 }
 
 # Exact limits, cost, all-or-nothing with a rate zone, and a gateway clock that
-# is already in the next period (its count is kept, never overwritten).
+# is already in the next period (its count is kept, never overwritten, and a clock still in
+# the earlier period finds no room there).
 {
     my $t = ms(2025, 5, 31, 23, 59);
     my $left = 60_000;
@@ -112,8 +113,10 @@ for my $m (@months) {
     my $june = ms(2025, 6, 1);
     my @q = (["rl:q:skew", 'q', 5, spec(4)]);
     steps('skew', $t, \@q, [$left + 10, '1 | 1 4 ' . (30 * $D - 10)]);    # a clock in June
-    steps('skew', $t, \@q, [$left - 10, '1 | 1 3 ' . (30 * $D + 10)]);    # one still in May
-    is(quota_value('rl:q:skew'), "$june:2", 'a clock behind counts in the newer period');
+    # One still in May: no room until June starts (counting May's requests in June's count
+    # would admit them against June's limit), nothing written; a read is ok and sees none left.
+    steps('skew', $t, \@q, [$left - 10, '0 | 0 0 10'], [$left - 10, { cost => 0 }, '1 | 1 0 10']);
+    is(quota_value('rl:q:skew'), "$june:1", 'a clock behind takes nothing from the newer period');
     steps('too much', $t, [["rl:q:big", 'q', 5, spec(4)]], [0, { cost => 6 }, "0 | 0 5 $left"]);
     is(redis_cmd('EXISTS', 'rl:q:big'), 0, 'a denial stores nothing');
     for my $bad (14400, 14405, 9, 28804) {

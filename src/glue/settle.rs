@@ -14,7 +14,6 @@ use ngx::ffi::{
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 
-use crate::decide::lease::GiveBack;
 use crate::decide::log_throttle::LogThrottle;
 use crate::decide::settle::{self, Pending, Settlement, RETRY_MS};
 use crate::decide::status::Status;
@@ -61,15 +60,16 @@ unsafe fn settle_request(ctx: &mut Ctx) {
     let Some(mcf) = RateLimit::main_conf(&*r) else { return };
     let now = ngx_current_msec as u64;
     let mut sends = Vec::new();
-    for place in core::mem::take(&mut ctx.placed) {
-        let Some(z) = ctx.zones.iter().find(|z| z.zone == place.zone) else { continue };
-        let Some(cv) = z.settle else { continue };
+    for z in ctx.zones.iter() {
+        let (Some(cv), estimate) = (z.settle, z.placed.units) else { continue };
+        if estimate == 0 || z.placed.rid == 0 {
+            continue;
+        }
         let value = eval(r, cv);
         let text = value.as_ref().map_or(&[][..], |v| v.as_bytes());
-        let (value, s) = settle::settle(place.units, text);
-        if value.is_none() && (*ptr::addr_of_mut!(BAD_SETTLE_LOG)).allow(place.zone, now) {
-            let name = &mcf.zones[place.zone].name;
-            let (shown, estimate) = (String::from_utf8_lossy(text), place.units);
+        let (value, s) = settle::settle(estimate, text);
+        if value.is_none() && (*ptr::addr_of_mut!(BAD_SETTLE_LOG)).allow(z.zone, now) {
+            let (name, shown) = (&mcf.zones[z.zone].name, String::from_utf8_lossy(text));
             ngx_log_error!(
                 NGX_LOG_WARN,
                 (*(*r).connection).log,
@@ -77,14 +77,13 @@ unsafe fn settle_request(ctx: &mut Ctx) {
                  (0 to 1000000000): the estimate {estimate} stays"
             );
         }
-        ctx.settled.get_or_insert(value.unwrap_or(place.units));
+        ctx.settled.get_or_insert(value.unwrap_or(estimate));
         let (units, charge) = match s {
             Settlement::Keep => continue,
             Settlement::Return(u) => (u, false),
             Settlement::Charge(u) => (u, true),
         };
-        let place = GiveBack { units, ..place };
-        sends.push(Pending { place, charge, until_ms: now + RETRY_MS });
+        sends.push(Pending { place: z.give_back(units), charge, until_ms: now + RETRY_MS });
     }
     giveback::settle(mcf, sends);
 }

@@ -19,7 +19,7 @@ use ngx::ngx_log_error;
 
 use crate::decide::headers;
 use crate::decide::key::{cluster_value, Key, Piece};
-use crate::decide::lease::{Ask, Figures, GiveBack};
+use crate::decide::lease::{Ask, Figures, GiveBack, Grant};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
@@ -81,9 +81,6 @@ pub struct Ctx {
     pub wait_ms: u64,
     /// ... and whether it is waiting now, on `ev`'s timer.
     waiting: bool,
-    /// Its place in each zone: given back if it ends before its turn (client gone); in a
-    /// zone with `settle=`, settled when it ends (`crate::glue::settle`).
-    pub placed: Vec<GiveBack>,
     /// `$ratelimit_settled`, once the request's settlement is worked out (`None` before).
     pub settled: Option<u64>,
 }
@@ -112,6 +109,11 @@ pub struct ZoneReq {
     delay: Option<u64>,
     /// `settle=`: the value that replaces the cost when the request ends.
     pub settle: Option<*mut ngx_http_complex_value_t>,
+    /// Where Redis recorded the request in this zone: a delayed request's place, to give back
+    /// if it ends before its turn (client gone), or the estimate of a zone with `settle=`;
+    /// nothing (0 units) otherwise. Kept as Redis answered it: the key is copied only for a
+    /// give-back or a settlement.
+    pub placed: Grant,
 }
 
 impl ZoneReq {
@@ -146,6 +148,14 @@ impl ZoneReq {
     fn slot<'a>(&'a self, key: &'a [u8]) -> Option<SlotRef<'a>> {
         let member = self.member?;
         Some(SlotRef { key, limit: self.limit, life_ms: self.window_ms, member })
+    }
+
+    /// `units` of this zone's place in Redis, to give back (or, settling, to charge more).
+    pub fn give_back(&self, units: u64) -> GiveBack {
+        let (limit, window_ms) = (self.limit, self.window_ms);
+        let Grant { token, rid, .. } = self.placed;
+        let key = self.key.parts().concat();
+        GiveBack { zone: self.zone, key, units, token, rid, limit, window_ms }
     }
 
     fn ask(&self) -> Ask<'_> {
@@ -192,10 +202,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     };
     ctx.zones = zones;
     // A dry run rejects nothing, so it delays nothing either; a worker with as many requests
-    // waiting as it has connections lets no more wait.
-    let delaying = lcf.limits().iter().any(|l| l.delay_ms > 0)
-        && !lcf.dry_run()
-        && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
+    // waiting as it has connections lets no more wait. Both still say a wait of 0 to Redis.
+    let may_wait = !lcf.dry_run() && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
@@ -241,7 +249,9 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
         let table_key = head.key(key.parts());
         let settle = limit.settle;
-        let (limit, lease, delay) = (limit_n, None, delaying.then_some(limit.delay_ms));
+        let delay = lcf.delaying.then_some(if may_wait { limit.delay_ms } else { 0 });
+        let (limit, lease) = (limit_n, None);
+        let placed = Grant::default();
         let z = ZoneReq {
             zone: i,
             key,
@@ -253,6 +263,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             lease,
             delay,
             settle,
+            placed,
         };
         // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
@@ -387,7 +398,6 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
         wait_ms: 0,
         waiting: false,
-        placed: Vec::new(),
         settled: None,
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
@@ -470,7 +480,10 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
         if let Some(mcf) = ctx.mcf.as_ref() {
             mcf.waiting.set(mcf.waiting.get() - 1);
             mcf.metrics.get().waited();
-            giveback::send(mcf, core::mem::take(&mut ctx.placed));
+            let placed = ctx.zones.iter().filter(|z| z.placed.units > 0 && z.placed.rid > 0);
+            giveback::send(mcf, placed.map(|z| z.give_back(z.placed.units)));
+            // Given back whole: nothing is left to settle.
+            ctx.zones.iter_mut().for_each(|z| z.placed = Grant::default());
         }
     }
 }
@@ -611,7 +624,12 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
                 return delayed(ctx, &d);
             }
             if d.allowed {
-                keep_places(ctx, &d, |z| z.settle.is_some());
+                // A zone that settles was told to record its estimate as a place.
+                for (z, v) in ctx.zones.iter_mut().zip(&d.zones) {
+                    if z.settle.is_some() {
+                        z.placed = v.grant;
+                    }
+                }
             }
             if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
                 keep_reservations(ctx, mcf, &mut d);
@@ -657,28 +675,12 @@ fn wrong_type_keys(ctx: &Ctx) -> String {
 /// Admitted at a later instant, recorded there in every zone: what gives its places back if the
 /// request ends first.
 fn delayed(ctx: &mut Ctx, d: &Decision) {
-    keep_places(ctx, d, |_| true);
+    for (z, v) in ctx.zones.iter_mut().zip(&d.zones) {
+        z.placed = v.grant;
+    }
     record(ctx, d);
     ctx.status = Status::Delayed;
     ctx.wait_ms = d.wait_ms;
-}
-
-/// The places Redis recorded for the request in the zones `which` selects (a delayed request's
-/// in all of them, a settled one's in the zones with `settle=`), each named for a give-back.
-fn keep_places(ctx: &mut Ctx, d: &Decision, which: impl Fn(&ZoneReq) -> bool) {
-    let placed = ctx.zones.iter().zip(&d.zones);
-    let placed = placed.filter(|(z, v)| v.grant.units > 0 && v.grant.rid > 0 && which(z));
-    ctx.placed = placed
-        .map(|(z, v)| GiveBack {
-            zone: z.zone,
-            key: z.key.parts().concat(),
-            units: v.grant.units,
-            token: v.grant.token,
-            rid: v.grant.rid,
-            limit: z.limit,
-            window_ms: z.window_ms,
-        })
-        .collect();
 }
 
 fn record(ctx: &mut Ctx, d: &Decision) {
