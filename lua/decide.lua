@@ -220,6 +220,9 @@ local TAT_TOKEN_MOD = 4194304
 -- A ledger entry outlives its reservation by this long: a give-back retried while Redis was
 -- away, or sent at a reload's drain, still finds it.
 local LEDGER_GRACE = 10000
+-- A placement of a zone that settles ("!") stays in the ledger this long: its settlement comes
+-- when the response ends, and a request that runs longer keeps its estimate.
+local SETTLE_HORIZON = 3600000
 
 -- The ledger of `key`, in its slot: after a hash tag the key's own, else one naming the whole
 -- key; nil for a key with a brace but no tag (no name beside it shares its slot).
@@ -238,13 +241,13 @@ local function ledger_of(key)
   return key .. '|lease{' .. key .. '}'
 end
 
--- A give-back "G<letter><rid>" or a check "V<rid>" as its two-letter (one for V) operation and
+-- A give-back "G<letter><rid>", a charge "C<letter><rid>" or a check "V<rid>" as its two-letter (one for V) operation and
 -- its rid; anything else as it came.
 local function split_rid(alg)
   if not alg then
     return nil
   end
-  local op, rid = string.match(alg, '^(G[lpcgqb])(%d+)$')
+  local op, rid = string.match(alg, '^([GC][lpcgqb])(%d+)$')
   if not op then
     op, rid = string.match(alg, '^(V)(%d+)$')
   end
@@ -377,12 +380,14 @@ end
 --   reserve field's letter, a give-back's two letters), limit, window, cost, burst (the
 --   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others);
 --   DELAY a delay field's longest wait (read only when every zone of the decision sent one).
+--   SETTLE "!" for a zone that places its cost, "C" for a charge, else nil: set for every field
+--   longer than a letter, and read only where WANT is (a plain letter never writes it).
 --   Each argument is parsed once: tonumber of a decimal string is two strtod calls.
-local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
-local ZONE_FIELDS = 16
+local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY, SETTLE =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
+local ZONE_FIELDS = 17
 -- Sized for a decision of one zone up front, not grown a power of two at a time.
-local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local nargv = #ARGV
 -- The previous zone's figures (limit, window, cost, burst) as sent and as numbers, and the last
 -- algorithm field met: tonumber of a decimal costs two strtod calls, the zones of a batch mostly
@@ -484,8 +489,13 @@ repeat
       local limit, w, cost, burst = fn1, fn2, fn3, fn4
       S[o + RID], S[o + WANT] = nil, nil
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
-      local held = alg
+      local held, charge = alg, false
       if alg and #alg > 1 then
+        S[o + SETTLE] = nil
+        if string.byte(alg, -1) == 33 then
+          -- "!": the cost goes as a placement (checked once the field is read).
+          alg, S[o + SETTLE] = string.sub(alg, 1, -2), '!'
+        end
         if string.find(alg, '~', 2, true) then
           -- A delay field: the letter (or reserve field) it extends, then its longest wait.
           local base, d = string.match(alg, DELAY_PATTERN)
@@ -512,7 +522,17 @@ repeat
         elseif #alg > 1 then
           -- A reserve field or a give-back, which keeps its two letters as `alg`. Anything
           -- else is refused as "?".
-          if #alg == 2 then
+          if #alg == 2 and string.byte(alg) == 67 then
+            -- A charge: the letter's decision of `cost` more units, always ok, written only
+            -- while rid is in the ledger (as a reserve zone asking nothing, for the TTLs).
+            held = string.match(alg, '^C([lpcgqb])$')
+            if held and S[o + RID] and cost and cost >= 1 and cost <= MAX_UNITS
+                and cost == floor(cost) and not S[o + SETTLE] then
+              alg, charge, S[o + SETTLE], S[o + WANT], S[o + LEASE] = held, true, 'C', 0, 0
+            else
+              alg = '?'
+            end
+          elseif #alg == 2 then
             held = string.match(alg, '^G([lpcgqb])$')
             if not (held and S[o + RID] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
                 and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
@@ -531,6 +551,15 @@ repeat
             held = alg
           end
         end
+        if S[o + SETTLE] == '!' then
+          -- A placement: a plain letter that counts units, or its delay field.
+          if #alg == 1 and string.find('lpcgqb', alg, 1, true) and not S[o + WANT]
+              and not S[o + RID] then
+            S[o + WANT], S[o + LEASE] = 0, 0
+          else
+            alg = '?'
+          end
+        end
       end
       if alg == 'r' or alg == 'n' then
         -- The log does not burst, nor does a concurrency zone: that field carries the member, a
@@ -542,7 +571,7 @@ repeat
         -- would write what the other cannot read.
         if keys[k + j] == key then
           local other = ARGV[a + 1 + 5 * (j - 1)]
-          if #other > 2 then
+          if #other > 2 or string.byte(other, -1) == 33 then
             other = string.sub(other, 1, 1)
           end
           if other ~= alg then
@@ -746,6 +775,10 @@ repeat
           S[o + S1], S[o + S2] = ms, r
         end
         S[o + S4] = v
+        ok = true
+      end
+      if charge then
+        -- Past the limit: always ok.
         ok = true
       end
       S[o + OK] = ok
@@ -1011,19 +1044,21 @@ repeat
           remaining = remaining > 0 and remaining or 0
           reset = reset > 0 and reset or 0
           if ledger then
-            -- Entered in the ledger as a reservation that lasts until `at`.
+            -- Entered in the ledger as a reservation that lasts until `at`, or a placement that
+            -- settles ("!") until its settlement may come.
+            local life = wait + LEDGER_GRACE + (S[o + SETTLE] == '!' and SETTLE_HORIZON or 0)
             read_time()
             local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
             if type(pruned) == 'number' then
-              local score = format('%d', at + LEDGER_GRACE)
+              local score = format('%d', now + life)
               rid = time_us + rid_seq
               while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
                 rid = rid + 1
               end
               rid_seq = rid - time_us + 1
               -- Never shorter than the ledger's other reservations need.
-              if call('PTTL', ledger) < wait + LEDGER_GRACE then
-                call('PEXPIRE', ledger, format('%d', wait + LEDGER_GRACE))
+              if call('PTTL', ledger) < life then
+                call('PEXPIRE', ledger, format('%d', life))
               end
             end
           end
@@ -1047,28 +1082,44 @@ repeat
       local remaining, reset
       -- A reserve zone: want (nil for the others; 0 when nothing may be granted), and what it
       -- is granted; its ledger.
-      local want, lease, grant, token, ledger = S[o + WANT], 0, 0, 0, nil
+      local want, lease, grant, token, ledger, settle = S[o + WANT], 0, 0, 0, nil, nil
       if want then
-        lease = S[o + LEASE]
+        lease, settle = S[o + LEASE], S[o + SETTLE]
       elseif ndelay ~= 0 then
         -- A delay field: taken as a reserve zone that asks nothing, for the new life of a
         -- missing key and the TTLs of entries delayed ahead of now.
         want = 0
       end
+      -- placed: a zone that settles ("!"), admitted with a cost, records it as a placement;
+      -- mine: a charge's rid was in the key's ledger (it leaves it).
+      local placed, mine = false, false
       if want then
         ledger = ledger_of(key)
-        if allowed == 0 or not ledger then
-          want = 0
-        end
-        if ledger and S[o + FRESH] and allowed == 1 then
-          -- The key starts a new life: no reservation of an older one may touch it.
-          call('DEL', ledger)
+        if settle == 'C' then
+          -- Written only for the key's present life; a missing key is not a new one then.
+          if ledger then
+            mine = pcall_redis('ZREM', ledger, S[o + RID]) == 1
+          end
+          commit = mine
+        else
+          placed = settle == '!' and commit
+          if allowed == 0 or not ledger then
+            want = 0
+          end
+          if ledger and S[o + FRESH] and allowed == 1 then
+            -- The key starts a new life: no reservation of an older one may touch it.
+            call('DEL', ledger)
+          end
         end
       end
       if alg == 'l' or alg == 'p' or alg == 'r' then
         local used, oldest, gone, v = S[o + S1], S[o + S2], S[o + S3], S[o + S4]
         if want and want > 0 and limit - used - cost >= 4 then
           grant = min(want, floor((limit - used - cost) / 4))
+        end
+        if placed and alg == 'l' then
+          -- Its units as a grant's members, scored now: a give-back names them.
+          grant, commit = cost, false
         end
         if commit and alg == 'l' then
           -- Members are integers (compact listpack entries), unique thanks to ZADD NX: the
@@ -1200,7 +1251,7 @@ repeat
           -- Entries scored up to now + lease count until now + lease + window; delayed ones,
           -- until the newest leaves.
           local ttl = w + lease
-          if ndelay ~= 0 then
+          if ndelay ~= 0 or settle then
             local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2]) + w - now
             ttl = newest > ttl and newest or ttl
           end
@@ -1257,6 +1308,9 @@ repeat
               -- previous count, read in full until it starts (age 255), then weighed.
               idx, elapsed, prev, weighted, cur = idx + 1, 0, cur + weighted, cur + weighted, 0
             end
+            token = idx
+          end
+          if placed then
             token = idx
           end
           ahead = max(0, idx * w - now)
@@ -1332,6 +1386,9 @@ repeat
           ms, r = S[o + S3], S[o + S4]
           local px = ms - now + (r > 0 and 1 or 0)
           call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX', format('%d', px > 1 and px or 1))
+          if placed then
+            token = (ms % TAT_TOKEN_MOD) * limit + r + 1
+          end
         end
         -- How far the TAT is ahead, in 1/limit ms: (ms - now) * limit + r, kept as whole windows
         -- (rounded up) to stay exact.
@@ -1357,19 +1414,23 @@ repeat
           reset = reset > 0 and reset or 0
         end
       elseif alg == 'q' then
-        local count, stop = S[o + S1], S[o + S3]
-        if S[o + S4] then
-          -- The key is in a later period: no room until it starts, nothing granted or written.
-          stop, count = S[o + S2], limit
-        end
-        if want and want > 0 and limit - count - cost >= 4 then
+        local count, stop, later = S[o + S1], S[o + S3], S[o + S4]
+        if want and want > 0 and not later and limit - count - cost >= 4 then
           -- Spent in this period or not at all.
           grant = min(want, floor((limit - count - cost) / 4))
           lease, token = min(lease, stop - now), S[o + S2]
         end
         if commit or grant > 0 then
+          -- In the key's period (a charge finds it in a later one as a decision does).
           count = count + cost + grant
           call('SET', key, pack(QUOTA_FORMAT, S[o + S2], count), 'PX', format('%d', max(1, stop - now)))
+          if placed then
+            token = S[o + S2]
+          end
+        end
+        if later then
+          -- The key is in a later period: no room until it starts; only a charge writes there.
+          stop, count = S[o + S2], limit
         end
         remaining = max(0, limit - count)
         reset = max(0, stop - now)
@@ -1540,29 +1601,40 @@ repeat
           end
         end
       end
+      if settle == 'C' then
+        reset = mine and 1 or 0
+      end
       if not (reset < MAX_TIME) then
         -- Only from scores someone else wrote (inf): the longest wait the zone can have.
         reset = w
       end
       result[nres + 1], result[nres + 2], result[nres + 3] = ok and 1 or 0, remaining, reset
       nres = nres + 3
-      if want then
-        local rid = 0
+      if want and settle ~= 'C' then
+        -- life: how long the ledger keeps it; a placement answers no lease (it waited 0).
+        local rid, life = 0, lease
+        if placed then
+          grant, lease, life = cost, 0, SETTLE_HORIZON
+        end
         if grant == 0 then
           lease, token = 0, 0
-        else
+        elseif ledger then
           -- Entered in the ledger, unique there: Redis's clock in µs, one more per further
           -- reservation of the call and per member taken. Pruned of what no give-back needs.
           read_time()
           local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
           if type(pruned) == 'number' then
-            local score = format('%d', now + lease + LEDGER_GRACE)
+            life = life + LEDGER_GRACE
+            local score = format('%d', now + life)
             rid = time_us + rid_seq
             while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
               rid = rid + 1
             end
             rid_seq = rid - time_us + 1
-            call('PEXPIRE', ledger, format('%d', lease + LEDGER_GRACE))
+            -- Never shorter than the ledger's other entries need (placements last an hour).
+            if call('PTTL', ledger) < life then
+              call('PEXPIRE', ledger, format('%d', life))
+            end
           end
         end
         result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4] =
