@@ -29,6 +29,10 @@
 --                        unused units of the reservation rid (below); limit and window as in
 --                        the reserve, cost = u (1 to 10^9), burst = the reservation's token
 --                        (decimal)
+--   "C<letter><rid>" (a charge, a decision of its own; letter l p c g q b): records u = cost
+--                        more units (1 to 10^9) of the placement rid (below, settled costs);
+--                        limit and window as the zone's, burst as the zone's decisions send it
+--                        (g: its burst, b: the missing balance's default, else 0)
 --   "V<rid>" (a check, a decision of its own): whether the reservation rid belongs to the key's
 --                        present life; limit and window 1, cost and burst 0. Reads only.
 -- Reservations (leases, issue 20): a zone that uses them sends its algorithm as
@@ -125,6 +129,36 @@
 --      gateway clock ahead, before delays) would admit them against it, over the limit by
 --      admission instants once a delay can move a key on while the current period is full.
 --   Zones that were ok now and rejecting ones are recorded alike, at T.
+-- Settled costs (issue 32): a zone's field may end with "!" (after "~<D>" when both: "c!",
+-- "g~0!"), on l p c g q b only and never on a reserve field ("l+50:1000!" is bad arguments: the
+-- module refuses lease= with settle=). The request's cost is then recorded as a placement even
+-- when the decision admits it now: at T = now, as a delayed request's is at its T (l: `cost`
+-- reserved members m0 .. scored now, token m0; p: `cost` entries of now, token now; c: the
+-- bucket of now, or the later one the key holds, token its index; g: the TAT after this cost,
+-- token as a grant's; q: the period of now, token its start; b: DECRBY cost, token 0), entered in
+-- the ledger until now + SETTLE_HORIZON + LEDGER_GRACE: the settlement comes when the response
+-- ends, and a request running longer than an hour keeps its estimate. The decision is taken
+-- exactly as without "!"; the zone is a reserve zone asking nothing (a missing key starts a new
+-- life, TTLs never shorter than its entries need) and answers seven fields: granted = cost placed
+-- (0 if cost is 0 or the decision is rejected: nothing written), lease_ms 0 (the decision's wait
+-- when delayed), token, rid (0 for a key that cannot have a ledger: placed all the same). A
+-- decision may mix zones with and without "!". With "~", a delayed decision places at T as
+-- ever; its "!" zones' ledger entries last until T + SETTLE_HORIZON + LEDGER_GRACE.
+-- The settlement names the placement by its rid: a value below the estimate gives the
+-- difference back ("G<letter><rid>", u = estimate - value, the placement's token; partial
+-- give-backs as for any reservation), one above charges the excess ("C<letter><rid>", u = value
+-- - estimate). A charge is the letter's decision of u units at now, always ok, PAST the limit,
+-- written only if rid is in the key's ledger (it leaves it; else nothing is written): l u plain
+-- members scored now, as an admission's; p u entries of now; c the current bucket (or the later
+-- one the key holds); g TAT := max(TAT, now) + u*T, exactly, PX to the new TAT; q the period of
+-- now (or the later one the key holds); b DECRBY u (a missing key: from its default), so a
+-- balance may go negative and then refuses every cost > 0 until topped up. Why at settle time:
+-- the units were used by then, and counting them at any earlier instant would rewrite windows
+-- that later decisions already read; the key rejects until the window, period or TAT has room
+-- again. A reset empties the ledger (a new life deletes it), so a settlement of an older life
+-- writes nothing; a charge on a missing key of the present life (expired, no decision since)
+-- writes as a decision would, without starting a new life. Reply { 1, 1, remaining, r }:
+-- remaining as a decision reads it after the charge (0 floor), r 1 when rid was in the ledger.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
 -- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members
@@ -156,8 +190,8 @@
 -- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
--- sent a reserve field, or of a decision whose zones sent delay fields, four more: granted,
--- lease_ms, token, rid
+-- sent a reserve field or a placement ("!"), or of a decision whose zones sent delay fields, four
+-- more: granted, lease_ms, token, rid
 --   allowed   0 rejected, 1 admitted now, 2 delayed (a decision with delay fields only): then
 --             every zone answers ok 1; remaining what it admits at now after the placement;
 --             reset_ms as for an admitted zone; granted = cost, the units placed (0 if cost is
@@ -174,7 +208,8 @@
 --             later period: to its start)
 --             "b": always 0, only an operator refills a balance ("B": the same, remaining is
 --             the balance written)
---   granted   g (0 when rejected or nothing granted); remaining excludes it
+--   granted   g (0 when rejected or nothing granted); remaining excludes it. A placement ("!"):
+--             the cost placed, already counted in remaining, lease_ms 0, its token and rid
 --   lease_ms  the life granted (L; q: capped at the period's end; c: at the window), 0 if g = 0
 --   token     what a give-back sends back, 0 if g = 0: l m0, the first reserved member; p r + L;
 --             c the absolute index of the bucket written (that of r + L, or the later one the
