@@ -527,11 +527,14 @@ repeat
       local held, charge = alg, false
       if alg and #alg > 1 then
         S[o + SETTLE] = nil
-        if string.byte(alg, -1) == 33 then
+        -- One search for both endings: a reserve field or a give-back has neither.
+        local ending = string.find(alg, '[~!]', 2)
+        if ending and string.byte(alg, -1) == 33 then
           -- "!": the cost goes as a placement (checked once the field is read).
           alg, S[o + SETTLE] = string.sub(alg, 1, -2), '!'
+          ending = string.find(alg, '~', 2, true)
         end
-        if string.find(alg, '~', 2, true) then
+        if ending then
           -- A delay field: the letter (or reserve field) it extends, then its longest wait.
           local base, d = string.match(alg, DELAY_PATTERN)
           if ndelay ~= i - 1 then
