@@ -29,6 +29,10 @@
 --                        unused units of the reservation rid (below); limit and window as in
 --                        the reserve, cost = u (1 to 10^9), burst = the reservation's token
 --                        (decimal)
+--   "C<letter><rid>" (a charge, a decision of its own; letter l p c g q b): records u = cost
+--                        more units (1 to 10^9) of the placement rid (below, settled costs);
+--                        limit and window as the zone's, burst as the zone's decisions send it
+--                        (g: its burst, b: the missing balance's default, else 0)
 --   "V<rid>" (a check, a decision of its own): whether the reservation rid belongs to the key's
 --                        present life; limit and window 1, cost and burst 0. Reads only.
 -- Reservations (leases, issue 20): a zone that uses them sends its algorithm as
@@ -125,6 +129,36 @@
 --      gateway clock ahead, before delays) would admit them against it, over the limit by
 --      admission instants once a delay can move a key on while the current period is full.
 --   Zones that were ok now and rejecting ones are recorded alike, at T.
+-- Settled costs (issue 32): a zone's field may end with "!" (after "~<D>" when both: "c!",
+-- "g~0!"), on l p c g q b only and never on a reserve field ("l+50:1000!" is bad arguments: the
+-- module refuses lease= with settle=). The request's cost is then recorded as a placement even
+-- when the decision admits it now: at T = now, as a delayed request's is at its T (l: `cost`
+-- reserved members m0 .. scored now, token m0; p: `cost` entries of now, token now; c: the
+-- bucket of now, or the later one the key holds, token its index; g: the TAT after this cost,
+-- token as a grant's; q: the period of now, token its start; b: DECRBY cost, token 0), entered in
+-- the ledger until now + SETTLE_HORIZON + LEDGER_GRACE: the settlement comes when the response
+-- ends, and a request running longer than an hour keeps its estimate. The decision is taken
+-- exactly as without "!"; the zone is a reserve zone asking nothing (a missing key starts a new
+-- life, TTLs never shorter than its entries need) and answers seven fields: granted = cost placed
+-- (0 if cost is 0 or the decision is rejected: nothing written), lease_ms 0 (the decision's wait
+-- when delayed), token, rid (0 for a key that cannot have a ledger: placed all the same). A
+-- decision may mix zones with and without "!". With "~", a delayed decision places at T as
+-- ever; its "!" zones' ledger entries last until T + SETTLE_HORIZON + LEDGER_GRACE.
+-- The settlement names the placement by its rid: a value below the estimate gives the
+-- difference back ("G<letter><rid>", u = estimate - value, the placement's token; partial
+-- give-backs as for any reservation), one above charges the excess ("C<letter><rid>", u = value
+-- - estimate). A charge is the letter's decision of u units at now, always ok, PAST the limit,
+-- written only if rid is in the key's ledger (it leaves it; else nothing is written): l u plain
+-- members scored now, as an admission's; p u entries of now; c the current bucket (or the later
+-- one the key holds); g TAT := max(TAT, now) + u*T, exactly, PX to the new TAT; q the period of
+-- now (or the later one the key holds); b DECRBY u (a missing key: from its default), so a
+-- balance may go negative and then refuses every cost > 0 until topped up. Why at settle time:
+-- the units were used by then, and counting them at any earlier instant would rewrite windows
+-- that later decisions already read; the key rejects until the window, period or TAT has room
+-- again. A reset empties the ledger (a new life deletes it), so a settlement of an older life
+-- writes nothing; a charge on a missing key of the present life (expired, no decision since)
+-- writes as a decision would, without starting a new life. Reply { 1, 1, remaining, r }:
+-- remaining as a decision reads it after the charge (0 floor), r 1 when rid was in the ledger.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
 -- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members
@@ -156,8 +190,8 @@
 -- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
--- sent a reserve field, or of a decision whose zones sent delay fields, four more: granted,
--- lease_ms, token, rid
+-- sent a reserve field or a placement ("!"), or of a decision whose zones sent delay fields, four
+-- more: granted, lease_ms, token, rid
 --   allowed   0 rejected, 1 admitted now, 2 delayed (a decision with delay fields only): then
 --             every zone answers ok 1; remaining what it admits at now after the placement;
 --             reset_ms as for an admitted zone; granted = cost, the units placed (0 if cost is
@@ -174,7 +208,8 @@
 --             later period: to its start)
 --             "b": always 0, only an operator refills a balance ("B": the same, remaining is
 --             the balance written)
---   granted   g (0 when rejected or nothing granted); remaining excludes it
+--   granted   g (0 when rejected or nothing granted); remaining excludes it. A placement ("!"):
+--             the cost placed, already counted in remaining, lease_ms 0, its token and rid
 --   lease_ms  the life granted (L; q: capped at the period's end; c: at the window), 0 if g = 0
 --   token     what a give-back sends back, 0 if g = 0: l m0, the first reserved member; p r + L;
 --             c the absolute index of the bucket written (that of r + L, or the later one the
@@ -220,6 +255,9 @@ local TAT_TOKEN_MOD = 4194304
 -- A ledger entry outlives its reservation by this long: a give-back retried while Redis was
 -- away, or sent at a reload's drain, still finds it.
 local LEDGER_GRACE = 10000
+-- A placement of a zone that settles ("!") stays in the ledger this long: its settlement comes
+-- when the response ends, and a request that runs longer keeps its estimate.
+local SETTLE_HORIZON = 3600000
 
 -- The ledger of `key`, in its slot: after a hash tag the key's own, else one naming the whole
 -- key; nil for a key with a brace but no tag (no name beside it shares its slot).
@@ -238,13 +276,13 @@ local function ledger_of(key)
   return key .. '|lease{' .. key .. '}'
 end
 
--- A give-back "G<letter><rid>" or a check "V<rid>" as its two-letter (one for V) operation and
+-- A give-back "G<letter><rid>", a charge "C<letter><rid>" or a check "V<rid>" as its two-letter (one for V) operation and
 -- its rid; anything else as it came.
 local function split_rid(alg)
   if not alg then
     return nil
   end
-  local op, rid = string.match(alg, '^(G[lpcgqb])(%d+)$')
+  local op, rid = string.match(alg, '^([GC][lpcgqb])(%d+)$')
   if not op then
     op, rid = string.match(alg, '^(V)(%d+)$')
   end
@@ -419,12 +457,14 @@ end
 --   reserve field's letter, a give-back's two letters), limit, window, cost, burst (the
 --   member's place: 0 or nil), and a reserve field's want and lease_ms (nil for the others);
 --   DELAY a delay field's longest wait (read only when every zone of the decision sent one).
+--   SETTLE "!" for a zone that places its cost, "C" for a charge, else nil: set for every field
+--   longer than a letter, and read only where WANT is (a plain letter never writes it).
 --   Each argument is parsed once: tonumber of a decimal string is two strtod calls.
-local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
-local ZONE_FIELDS = 16
+local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY, SETTLE =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
+local ZONE_FIELDS = 17
 -- Sized for a decision of one zone up front, not grown a power of two at a time.
-local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local nargv = #ARGV
 -- The previous zone's figures (limit, window, cost, burst) as sent and as numbers, and the last
 -- algorithm field met: tonumber of a decimal costs two strtod calls, the zones of a batch mostly
@@ -526,9 +566,17 @@ repeat
       local limit, w, cost, burst = fn1, fn2, fn3, fn4
       S[o + RID], S[o + WANT] = nil, nil
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
-      local held = alg
+      local held, charge = alg, false
       if alg and #alg > 1 then
-        if string.find(alg, '~', 2, true) then
+        S[o + SETTLE] = nil
+        -- One search for both endings: a reserve field or a give-back has neither.
+        local ending = string.find(alg, '[~!]', 2)
+        if ending and string.byte(alg, -1) == 33 then
+          -- "!": the cost goes as a placement (checked once the field is read).
+          alg, S[o + SETTLE] = string.sub(alg, 1, -2), '!'
+          ending = string.find(alg, '~', 2, true)
+        end
+        if ending then
           -- A delay field: the letter (or reserve field) it extends, then its longest wait.
           local base, d = string.match(alg, DELAY_PATTERN)
           if ndelay ~= i - 1 then
@@ -554,7 +602,17 @@ repeat
         elseif #alg > 1 then
           -- A reserve field or a give-back, which keeps its two letters as `alg`. Anything
           -- else is refused as "?".
-          if #alg == 2 then
+          if #alg == 2 and string.byte(alg) == 67 then
+            -- A charge: the letter's decision of `cost` more units, always ok, written only
+            -- while rid is in the ledger (as a reserve zone asking nothing, for the TTLs).
+            held = string.match(alg, '^C([lpcgqb])$')
+            if held and S[o + RID] and cost and cost >= 1 and cost <= MAX_UNITS
+                and cost == floor(cost) and not S[o + SETTLE] then
+              alg, charge, S[o + SETTLE], S[o + WANT], S[o + LEASE] = held, true, 'C', 0, 0
+            else
+              alg = '?'
+            end
+          elseif #alg == 2 then
             held = string.match(alg, '^G([lpcgqb])$')
             if not (held and S[o + RID] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
                 and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
@@ -573,6 +631,15 @@ repeat
             held = alg
           end
         end
+        if S[o + SETTLE] == '!' then
+          -- A placement: a plain letter that counts units, or its delay field.
+          if #alg == 1 and string.find('lpcgqb', alg, 1, true) and not S[o + WANT]
+              and not S[o + RID] then
+            S[o + WANT], S[o + LEASE] = 0, 0
+          else
+            alg = '?'
+          end
+        end
       end
       if alg == 'r' or alg == 'n' then
         -- The log does not burst, nor does a concurrency zone: that field carries the member, a
@@ -584,7 +651,7 @@ repeat
         -- would write what the other cannot read.
         if keys[k + j] == key then
           local other = ARGV[a + 1 + 5 * (j - 1)]
-          if #other > 2 then
+          if #other > 2 or string.byte(other, -1) == 33 then
             other = string.sub(other, 1, 1)
           end
           if other ~= alg then
@@ -788,6 +855,10 @@ repeat
           S[o + S1], S[o + S2] = ms, r
         end
         S[o + S4] = v
+        ok = true
+      end
+      if charge then
+        -- Past the limit: always ok.
         ok = true
       end
       S[o + OK] = ok
@@ -1019,19 +1090,21 @@ repeat
           remaining = remaining > 0 and remaining or 0
           reset = reset > 0 and reset or 0
           if ledger then
-            -- Entered in the ledger as a reservation that lasts until `at`.
+            -- Entered in the ledger as a reservation that lasts until `at`, or a placement that
+            -- settles ("!") until its settlement may come.
+            local life = wait + LEDGER_GRACE + (S[o + SETTLE] == '!' and SETTLE_HORIZON or 0)
             read_time()
             local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
             if type(pruned) == 'number' then
-              local score = format('%d', at + LEDGER_GRACE)
+              local score = format('%d', now + life)
               rid = time_us + rid_seq
               while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
                 rid = rid + 1
               end
               rid_seq = rid - time_us + 1
               -- Never shorter than the ledger's other reservations need.
-              if call('PTTL', ledger) < wait + LEDGER_GRACE then
-                call('PEXPIRE', ledger, format('%d', wait + LEDGER_GRACE))
+              if call('PTTL', ledger) < life then
+                call('PEXPIRE', ledger, format('%d', life))
               end
             end
           end
@@ -1055,28 +1128,44 @@ repeat
       local remaining, reset
       -- A reserve zone: want (nil for the others; 0 when nothing may be granted), and what it
       -- is granted; its ledger.
-      local want, lease, grant, token, ledger = S[o + WANT], 0, 0, 0, nil
+      local want, lease, grant, token, ledger, settle = S[o + WANT], 0, 0, 0, nil, nil
       if want then
-        lease = S[o + LEASE]
+        lease, settle = S[o + LEASE], S[o + SETTLE]
       elseif ndelay ~= 0 then
         -- A delay field: taken as a reserve zone that asks nothing, for the new life of a
         -- missing key and the TTLs of entries delayed ahead of now.
         want = 0
       end
+      -- placed: a zone that settles ("!"), admitted with a cost, records it as a placement;
+      -- mine: a charge's rid was in the key's ledger (it leaves it).
+      local placed, mine = false, false
       if want then
         ledger = ledger_of(key)
-        if allowed == 0 or not ledger then
-          want = 0
-        end
-        if ledger and S[o + FRESH] and allowed == 1 then
-          -- The key starts a new life: no reservation of an older one may touch it.
-          call('DEL', ledger)
+        if settle == 'C' then
+          -- Written only for the key's present life; a missing key is not a new one then.
+          if ledger then
+            mine = pcall_redis('ZREM', ledger, S[o + RID]) == 1
+          end
+          commit = mine
+        else
+          placed = settle == '!' and commit
+          if allowed == 0 or not ledger then
+            want = 0
+          end
+          if ledger and S[o + FRESH] and allowed == 1 then
+            -- The key starts a new life: no reservation of an older one may touch it.
+            call('DEL', ledger)
+          end
         end
       end
       if alg == 'l' or alg == 'p' or alg == 'r' then
         local used, oldest, gone, v = S[o + S1], S[o + S2], S[o + S3], S[o + S4]
         if want and want > 0 and limit - used - cost >= 4 then
           grant = min(want, floor((limit - used - cost) / 4))
+        end
+        if placed and alg == 'l' then
+          -- Its units as a grant's members, scored now: a give-back names them.
+          grant, commit = cost, false
         end
         if commit and alg == 'l' then
           -- Members are integers (compact listpack entries), unique thanks to ZADD NX: the
@@ -1172,7 +1261,7 @@ repeat
           -- Entries scored up to now + lease count until now + lease + window; delayed ones,
           -- until the newest leaves.
           local ttl = w + lease
-          if ndelay ~= 0 then
+          if ndelay ~= 0 or settle then
             local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2]) + w - now
             ttl = newest > ttl and newest or ttl
           end
@@ -1229,6 +1318,9 @@ repeat
               -- previous count, read in full until it starts (age 255), then weighed.
               idx, elapsed, prev, weighted, cur = idx + 1, 0, cur + weighted, cur + weighted, 0
             end
+            token = idx
+          end
+          if placed then
             token = idx
           end
           ahead = max(0, idx * w - now)
@@ -1304,6 +1396,9 @@ repeat
           ms, r = S[o + S3], S[o + S4]
           local px = ms - now + (r > 0 and 1 or 0)
           call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX', format('%d', px > 1 and px or 1))
+          if placed then
+            token = (ms % TAT_TOKEN_MOD) * limit + r + 1
+          end
         end
         -- How far the TAT is ahead, in 1/limit ms: (ms - now) * limit + r, kept as whole windows
         -- (rounded up) to stay exact.
@@ -1329,19 +1424,23 @@ repeat
           reset = reset > 0 and reset or 0
         end
       elseif alg == 'q' then
-        local count, stop = S[o + S1], S[o + S3]
-        if S[o + S4] then
-          -- The key is in a later period: no room until it starts, nothing granted or written.
-          stop, count = S[o + S2], limit
-        end
-        if want and want > 0 and limit - count - cost >= 4 then
+        local count, stop, later = S[o + S1], S[o + S3], S[o + S4]
+        if want and want > 0 and not later and limit - count - cost >= 4 then
           -- Spent in this period or not at all.
           grant = min(want, floor((limit - count - cost) / 4))
           lease, token = min(lease, stop - now), S[o + S2]
         end
         if commit or grant > 0 then
+          -- In the key's period (a charge finds it in a later one as a decision does).
           count = count + cost + grant
           call('SET', key, pack(QUOTA_FORMAT, S[o + S2], count), 'PX', format('%d', max(1, stop - now)))
+          if placed then
+            token = S[o + S2]
+          end
+        end
+        if later then
+          -- The key is in a later period: no room until it starts; only a charge writes there.
+          stop, count = S[o + S2], limit
         end
         remaining = max(0, limit - count)
         reset = max(0, stop - now)
@@ -1512,29 +1611,40 @@ repeat
           end
         end
       end
+      if settle == 'C' then
+        reset = mine and 1 or 0
+      end
       if not (reset < MAX_TIME) then
         -- Only from scores someone else wrote (inf): the longest wait the zone can have.
         reset = w
       end
       result[nres + 1], result[nres + 2], result[nres + 3] = ok and 1 or 0, remaining, reset
       nres = nres + 3
-      if want then
-        local rid = 0
+      if want and settle ~= 'C' then
+        -- life: how long the ledger keeps it; a placement answers no lease (it waited 0).
+        local rid, life = 0, lease
+        if placed then
+          grant, lease, life = cost, 0, SETTLE_HORIZON
+        end
         if grant == 0 then
           lease, token = 0, 0
-        else
+        elseif ledger then
           -- Entered in the ledger, unique there: Redis's clock in µs, one more per further
           -- reservation of the call and per member taken. Pruned of what no give-back needs.
           read_time()
           local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
           if type(pruned) == 'number' then
-            local score = format('%d', now + lease + LEDGER_GRACE)
+            life = life + LEDGER_GRACE
+            local score = format('%d', now + life)
             rid = time_us + rid_seq
             while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
               rid = rid + 1
             end
             rid_seq = rid - time_us + 1
-            call('PEXPIRE', ledger, format('%d', lease + LEDGER_GRACE))
+            -- Never shorter than the ledger's other entries need (placements last an hour).
+            if call('PTTL', ledger) < life then
+              call('PEXPIRE', ledger, format('%d', life))
+            end
           end
         end
         result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4] =
