@@ -48,6 +48,9 @@ pub struct Pending {
     pub charge: bool,
     /// After this instant (ms, the worker's clock) it is given up and counted lost.
     pub until_ms: u64,
+    /// An earlier attempt may have been applied, its answer lost (a timeout, a connection
+    /// closed): a later one that finds it done counts it.
+    pub tried: bool,
 }
 
 /// How long a settlement Redis cannot take is tried again: a Redis restart or a failover is
@@ -108,7 +111,7 @@ mod tests {
             limit: 10,
             window_ms: 1000,
         };
-        Pending { place, charge: false, until_ms }
+        Pending { place, charge: false, until_ms, tried: false }
     }
 
     #[test]

@@ -384,16 +384,20 @@ fn answered(
             }
         }
         What::Settle(ref p) => match reply.map(|r| script::decode_decision(r, 1)) {
-            // Of the key's present life (its rid left the ledger) or of an older one, which a
-            // reset took with everything it had: either way it is done.
+            // Done: its rid left the ledger now, or had left it already, taken by an earlier
+            // attempt whose answer was lost (counted then) or by a reset of the key.
             Some(Ok(d)) => {
-                if d.zones[0].reset_ms == 1 {
+                if d.zones[0].reset_ms == 1 || p.tried {
                     metrics.settled(p.charge, p.place.units);
                 }
             }
             // Lost on the way or refused: the rid is still in the ledger if it did not run, and
             // leaves it when it does, so sending it again never applies it twice.
-            _ => keep_settlement(mcf, p.clone()),
+            _ => {
+                // An error reply ran and wrote nothing; anything else may have been applied.
+                let tried = p.tried || !matches!(result, Some(Ok(Reply::Error(_))));
+                keep_settlement(mcf, Pending { tried, ..p.clone() });
+            }
         },
         What::Orphan { id } => {
             let answer = match reply.map(|r| script::decode_decision(r, 1)) {

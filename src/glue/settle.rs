@@ -83,7 +83,8 @@ unsafe fn settle_request(ctx: &mut Ctx) {
             Settlement::Return(u) => (u, false),
             Settlement::Charge(u) => (u, true),
         };
-        sends.push(Pending { place: z.give_back(units), charge, until_ms: now + RETRY_MS });
+        let until_ms = now + RETRY_MS;
+        sends.push(Pending { place: z.give_back(units), charge, until_ms, tried: false });
     }
     giveback::settle(mcf, sends);
 }
