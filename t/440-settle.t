@@ -40,6 +40,7 @@ my $http = <<"EOF";
     ratelimit_zone ag key=\$arg_k limit=40 window=2s algorithm=gcra burst=20 clock=nginx;
     ratelimit_zone aq key=\$arg_k limit=300 period=hour clock=nginx;
     ratelimit_zone ab key=\$arg_k limit=1 algorithm=balance;
+    ratelimit_zone ax key=\$arg_k limit=40 window=10s clock=nginx;
     ratelimit_metrics_zone 64k;
     map \$status \$failed { 401 1; 403 1; default 0; }
     log_format settle '\$ratelimit_time \$ratelimit_status \$status \$uri \$arg_k \$ratelimit_settled';
@@ -58,6 +59,7 @@ my $config = <<"EOF";
     location /ag     { ratelimit ag cost=\$arg_e settle=\$arg_used; proxy_pass $UP/llm; }
     location /aq     { ratelimit aq cost=\$arg_e settle=\$arg_used; proxy_pass $UP/llm; }
     location /ab     { ratelimit ab cost=\$arg_e settle=\$arg_used; proxy_pass $UP/llm; }
+    location /ax     { ratelimit ax cost=\$arg_e settle=\$arg_used; proxy_pass http://slow; }
     location = /admin_tok { ratelimit_admin tok; }
     location = /admin_ab  { ratelimit_admin ab; }
     location = /metrics { ratelimit_metrics; }
@@ -175,6 +177,29 @@ for my $z (sort keys %AUDIT) {
     ok($r->{ok}, "audit $alg, settled <= estimate: " . summary($r)) or diag(explain($r->{examples}));
 }
 
+# --- Values above their estimates: over by at most the excesses of the requests in flight,
+# and by nothing once they are settled.
+{
+    my $c0 = settled_units('charged');
+    my $res = http_parallel([map { { port => $gw[$_ % 2]->port, request => "GET /ax?k=over&n=$_&e=1&used=3&hold=1" } } 1 .. 30],
+        timeout => 20);
+    is(scalar(grep { ($_->{status} // 0) == 200 } @$res), 30, '30 at once held 1 s, estimate 1 of 40: all admitted');
+    ok(settled_by('charged', $c0 + 60), 'each used 3: 60 units charged past the estimates');
+    my @adm;
+    for my $g (1, 2) {
+        for (split /\n/, nginx("gw$g")->read_file('logs/settle.log')) {
+            my ($time, $rl, $status, $uri, $key, $settled) = split / /;
+            push @adm, [to_ms($time), to_ms($time) + 1, $settled] if $uri eq '/ax' && $key eq 'over' && $status eq '200';
+        }
+    }
+    my $r = check('sliding_log', \@adm, limit => 40 + 30 * 2, window => 10000);
+    ok($r->{ok}, 'over by at most the 30 excesses in flight: ' . summary($r));
+    ok(!check('sliding_log', \@adm, limit => 40, window => 10000)->{ok},
+        '... and over the limit itself: the excess was known only after they were admitted');
+    my @after = map { get("/ax?k=over&n=a$_&e=1&used=1&hold=0", $_ % 2)->{status} } 1 .. 3;
+    is("@after", '429 429 429', 'settled: nothing more is admitted while the window holds them');
+}
+
 # --- A balance settles too: charged past zero, it refuses until topped up.
 {
     is(http_request(port => $gw[0]->port, request => 'POST /admin_ab?key=acct&set=10')->{status}, 200, 'balance set to 10');
@@ -225,14 +250,14 @@ HTTP
             ngx.ctx.tail = seen:sub(-64)
         }
     }
-    location /read { ratelimit tokens cost=0; return 204; }
+    location /read { ratelimit tokens cost=0; proxy_pass http://slow; }
 SERVER
     my $r = http_request(port => $lua->port, request => 'GET /v1/chat?k=llm&hold=2&stream=1&usage=123', timeout => 10);
     is($r->{status}, 200, 'a streamed answer through the recipe');
     like($r->{body} // '', qr/"total_tokens":123/, 'its last event carries the usage');
     ok(wait_until(5, sub { (counter_value('rl:tokens:llm') // '') =~ /^\d+:123:0$/ }),
         'the zone counts the 123 tokens used, not the estimate of 400');
-    my $read = http_request(port => $lua->port, request => 'GET /read?k=llm');
+    my $read = http_request(port => $lua->port, request => 'GET /read?k=llm&hold=0');
     like(join(' ', map { header($read, $_) // '' } qw(X-RateLimit-Remaining RateLimit-Remaining)), qr/\b877\b/,
         'the next request sees 877 remaining');
     ok(stop_nginx('lua'), 'the Lua gateway quits gracefully');
