@@ -535,12 +535,12 @@ bench-instructions: deps-bench
 bench-script-cost: deps-bench
 	bench/script-cost.py
 
-# A burst of 1,000 requests into delay=: the worker's instructions and Redis's calls per
-# delayed request, beside the same burst admitted at once (about 10 minutes).
-.PHONY: bench-delay
-bench-delay: deps-bench
+# A burst of 1,000 requests into delay= and into settle=: the worker's instructions, Redis's
+# calls and CPU per request, beside the same burst admitted at once (about 12 minutes).
+.PHONY: bench-burst
+bench-burst: deps-bench
 	$(MAKE) build
-	bench/delay.py $(DELAY_ARGS)
+	bench/burst.py $(BURST_ARGS)
 
 # Redis's cost of keeping concurrency slots renewed, by lease_time (about 3 minutes).
 .PHONY: bench-concurrency

@@ -89,7 +89,7 @@ def free_port(exclude=()):
 
 def conf_head(tmp, module, connections=256):
     """nginx.conf up to the inside of `http {}`: one worker in the foreground, its files in tmp
-    (bench/delay.py's configuration starts the same way, with more connections)."""
+    (bench/burst.py's configuration starts the same way, with more connections)."""
     rlimit = f"worker_rlimit_nofile {2 * connections};\n" if connections > 256 else ""
     return f"""load_module {module};
 daemon off;
@@ -296,7 +296,7 @@ class Bed:
 
     def life(self, contender, path, n, run, make_conf=nginx_conf, driver=drive):
         """One nginx under callgrind: warm-up, n requests (`driver`), quit. Returns the
-        callgrind file. bench/delay.py gives its own configuration and driver."""
+        callgrind file. bench/burst.py gives its own configuration and driver."""
         self.redis_cmd("FLUSHALL")
         nport = free_port((self.rport,))
         conf = os.path.join(self.tmp, "nginx.conf")

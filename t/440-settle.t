@@ -11,8 +11,9 @@
 #   limit / estimate at the backend at once;
 # - every algorithm that counts units, from both gateways, audited at the
 #   decisions' instants with the settled amounts (never over: values <= their
-#   estimates); with values above their estimates, Redis's count after the
-#   settlements is exactly the sum of the values;
+#   estimates); values above their estimates, 30 requests in flight: over by
+#   at most their excesses, and nothing more admitted once they are settled;
+# - a balance charged past zero refuses until topped up;
 # - a reset between a request's admission and its settlement: the settlement
 #   writes nothing into the key's new life;
 # - Redis away (SIGSTOP) and a reload while settlements are pending: they are

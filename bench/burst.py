@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""What a delayed request costs (issue 33): the worker's instructions (callgrind) and Redis's
-calls per request, for a burst of requests into `delay=`, beside the same burst decided at once.
+"""What a delayed request (issue 33) and a settled one (issue 32) cost: the worker's
+instructions (callgrind), Redis's calls and CPU per request, for a burst of requests into
+`delay=` and into `settle=`, beside the same burst decided at once.
 
 One worker (bench/instructions.py's harness: the vendored build/nginx and module,
 `master_process off`, a 6-byte static file), three locations on one key per burst:
@@ -9,15 +10,17 @@ One worker (bench/instructions.py's harness: the vendored build/nginx and module
   exact   ratelimit, gcra limit=10^9 per second burst=10^9: every request admitted at once
   delay   ratelimit, gcra limit=1000 per second burst=1 delay=5s: the first admitted at once,
           each of the others recorded 1 ms after the one before it, waiting on its own timer
+  settle  ratelimit on exact's zone, cost=10 settle=3: admitted on the estimate, 7 units given
+          back when the response ends (a decision of its own, batched with the others)
 
 Each life: the harness's warm-up (400 keep-alive requests), then a burst of N requests at
 once, each on its own connection (`Connection: close`), then `SIGQUIT`. Marginal per request =
 (Ir(N=LARGE) - Ir(N=SMALL)) / (LARGE - SMALL), the median of --runs lives. Redis's script calls
 and decisions per request are read from the metrics page of a life outside callgrind (each
 burst of LARGE once, counted by the module: `ratelimit_redis_call_duration_seconds_count`, the
-script calls, and the decisions by status).
+script calls) and Redis's own `INFO cpu` (its CPU per request, the burst's delta).
 
-Usage: bench/delay.py [--runs 3] [--small 200] [--large 1000] [--out bench/delay.md]
+Usage: bench/burst.py [--runs 3] [--small 200] [--large 1000] [--out bench/burst.md]
 """
 
 import argparse
@@ -25,9 +28,11 @@ import asyncio
 import os
 import resource
 import signal
+import socket
 import statistics
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from callgrind import write_report  # noqa: E402
@@ -38,6 +43,7 @@ LOCATIONS = [
     ("none", "/none/", "no limiter"),
     ("exact", "/exact/", "`ratelimit`, admitted at once"),
     ("delay", "/delay/", "`ratelimit ... delay=5s`, all but the first delayed"),
+    ("settle", "/settle/", "`ratelimit ... cost=10 settle=3`, 7 units given back each"),
 ]
 
 
@@ -55,6 +61,7 @@ def nginx_conf(tmp, module, nport, rport):
         location /none/ {{ try_files /index.html =404; }}
         location /exact/ {{ ratelimit open; try_files /index.html =404; }}
         location /delay/ {{ ratelimit paced delay=5s; try_files /index.html =404; }}
+        location /settle/ {{ ratelimit open cost=10 settle=3; try_files /index.html =404; }}
         location = /metrics {{ ratelimit_metrics; }}
     }}
 }}
@@ -95,8 +102,19 @@ def sample(text, series):
     return 0.0
 
 
+def redis_cpu_us(port):
+    """Redis's own CPU so far (INFO cpu, user + system), in µs."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(b"INFO cpu\r\n")
+        text = b""
+        while b"used_cpu_user:" not in text or not text.endswith(b"\r\n"):
+            text += c.recv(65536)
+    f = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
+    return (float(f["used_cpu_user"]) + float(f["used_cpu_sys"])) * 1e6
+
+
 def redis_per_request(bed, args):
-    """Script calls and decisions per request of a burst of LARGE, nginx outside callgrind."""
+    """Script calls and Redis CPU per request of a burst of LARGE, nginx outside callgrind."""
     out = {}
     for name, path, _ in LOCATIONS[1:]:
         bed.redis_cmd("FLUSHALL")
@@ -109,9 +127,11 @@ def redis_per_request(bed, args):
         try:
             ins.wait_port(nport, proc, "nginx")
             burst(nport, path, 10, key="warm")
-            before = metrics_text(nport)
-            got = burst(nport, path, args.large)
-            after = metrics_text(nport)
+            before, cpu0 = metrics_text(nport), redis_cpu_us(bed.rport)
+            burst(nport, path, args.large)
+            # Settlements go out as their requests end: the last ones just after the burst.
+            time.sleep(0.5)
+            after, cpu1 = metrics_text(nport), redis_cpu_us(bed.rport)
         finally:
             proc.send_signal(signal.SIGQUIT)
             proc.wait(timeout=60)
@@ -119,7 +139,7 @@ def redis_per_request(bed, args):
         calls = (sample(after, f"ratelimit_redis_call_duration_seconds_count{{{server}}}")
                  - sample(before, f"ratelimit_redis_call_duration_seconds_count{{{server}}}"))
         delayed = sample(after, "ratelimit_delayed_requests_total") - sample(before, "ratelimit_delayed_requests_total")
-        out[name] = (calls / args.large, delayed, got)
+        out[name] = (calls / args.large, delayed, (cpu1 - cpu0) / args.large)
     return out
 
 
@@ -128,7 +148,7 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--small", type=int, default=200)
     p.add_argument("--large", type=int, default=1000)
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "delay.md"))
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "burst.md"))
     p.add_argument("--nginx", default=os.path.join(ROOT, "build", "nginx"))
     p.add_argument("--module", default=os.path.join(ROOT, "build", "ngx_http_ratelimit_module.so"))
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -156,24 +176,29 @@ def main():
     per = {name: (results[(name, args.large)] - results[(name, args.small)]) / (args.large - args.small)
            for name, _, _ in LOCATIONS}
     lines = [
-        "# A burst into `delay=`: the worker's instructions and Redis's calls per request",
+        "# A burst into `delay=` and `settle=`: the worker's instructions, Redis's calls and CPU "
+        "per request",
         "",
-        f"`make bench-delay` (bench/delay.py), commit {ins.git_head()}: one worker under callgrind, "
+        f"`make bench-burst` (bench/burst.py), commit {ins.git_head()}: one worker under callgrind, "
         f"a burst of {args.small} and of {args.large} requests at once (a connection each), "
-        f"median of {args.runs} lives; marginal Ir per request = difference / {args.large - args.small}.",
+        f"median of {args.runs} lives; marginal Ir per request = difference / {args.large - args.small}. "
+        f"Script calls and Redis CPU: a burst of {args.large} outside callgrind (Redis CPU is "
+        "wall-clock work of another process: compare rows of one run, not runs).",
         "",
-        "| location | Ir/request | over no limiter | script calls/request | delayed |",
-        "|---|---:|---:|---:|---:|",
+        "| location | Ir/request | over no limiter | script calls/request | Redis CPU µs/request | delayed |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, _, what in LOCATIONS:
-        calls, delayed, _ = redis.get(name, (0.0, 0, {}))
+        calls, delayed, cpu = redis.get(name, (0.0, 0, 0.0))
         lines.append(f"| {what} | {per[name]:,.0f} | {per[name] - per['none']:+,.0f} | "
-                     f"{calls:.3f} | {delayed:.0f} |")
+                     f"{calls:.3f} | {cpu:.1f} | {delayed:.0f} |")
     lines += [
         "",
         f"A delayed request costs the worker {per['delay'] - per['exact']:+,.0f} instructions over "
-        "one admitted at once (its timer, its places kept for a give-back, the metrics), "
-        "and no second Redis call: the one that decides it records it, with a ledger entry besides.",
+        "one admitted at once (its timer, its places kept for a give-back, the metrics), and no "
+        "second Redis call: the one that decides it records it, with a ledger entry besides. "
+        f"A settled one costs {per['settle'] - per['exact']:+,.0f} (its placement, the log-phase "
+        "handler, the give-back decision) and a second decision in Redis, batched with the others.",
     ]
     write_report(args.out, lines)
 
