@@ -35,18 +35,9 @@ sub dec {
     return show($r, map { $_->[0] } @zz);
 }
 
-sub zscores {
-    my $v = redis_cmd('ZRANGE', $_[0], 0, -1, 'WITHSCORES');
-    my @p;
-    push @p, ($v->[2 * $_] >= $R ? 'm' : 'a') . '@' . ($v->[2 * $_ + 1] - $T0) for 0 .. $#$v / 2;
-    return join ',', @p;
-}
+sub zscores { log_scores($_[0], $T0, $R) }
 
-sub entries {
-    my $v = redis_cmd('GET', $_[0]);
-    return 'none' unless defined $v;
-    return join ',', map { (unpack('Q<', substr($v, 6 * $_, 6) . "\0\0") - $T0) } 0 .. length($v) / 6 - 1;
-}
+sub entries { packed_times($_[0], $T0) }
 
 sub pttl_in {
     my ($key, $lo, $hi, $name) = @_;

@@ -37,7 +37,8 @@ use Time::HiRes ();
 use RLTest ();
 
 our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw batch_raw batch_argv
-    verdict zone_fields redis_error is_error steps snapshot counter_value gcra_value);
+    verdict zone_fields redis_error is_error steps snapshot counter_value gcra_value log_scores
+    packed_times);
 our %EXPORT_TAGS = (all => \@EXPORT_OK);
 
 my $repo = abs_path(dirname(__FILE__) . '/../../..');
@@ -199,6 +200,25 @@ sub zone_fields {
     }
     return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
     return join ' | ', @out;
+}
+
+# A sliding log's entries as "m@t,a@t,...", oldest first: m for a reserved member (at or above
+# $reserved: a reservation's or a delayed or settled request's place), a for an admission's; t is
+# the score less $t0.
+sub log_scores {
+    my ($key, $t0, $reserved) = @_;
+    my $v = RLTest::redis_cmd('ZRANGE', $key, 0, -1, 'WITHSCORES');
+    my @p;
+    push @p, ($v->[2 * $_] >= $reserved ? 'm' : 'a') . '@' . ($v->[2 * $_ + 1] - $t0) for 0 .. $#$v / 2;
+    return join ',', @p;
+}
+
+# A packed log's times less $t0, comma-separated; 'none' without the key.
+sub packed_times {
+    my ($key, $t0) = @_;
+    my $v = RLTest::redis_cmd('GET', $key);
+    return 'none' unless defined $v;
+    return join ',', map { (unpack('Q<', substr($v, 6 * $_, 6) . "\0\0") - $t0) } 0 .. length($v) / 6 - 1;
 }
 
 # Runs a table of decisions against literal expectations.  A step is
