@@ -52,6 +52,7 @@ my $config = <<"EOF";
     add_header X-RL \$ratelimit_status always;
     location /tok    { ratelimit tok cost=100 settle=\$upstream_http_x_tokens_used; proxy_pass $UP/llm; }
     location /read   { ratelimit tok cost=0; proxy_pass $UP/llm; }
+    location /down   { ratelimit tok cost=100 settle=\$arg_used; proxy_pass http://127.0.0.1:\$TEST_NGINX_DEAD_PORT; }
     location /login  { ratelimit login settle=\$failed; proxy_pass $UP/auth; }
     location /held   { ratelimit held cost=250 settle=\$arg_used; proxy_pass http://slow; }
     location /al     { ratelimit al cost=\$arg_e settle=\$arg_used; proxy_pass $UP/llm; }
@@ -85,6 +86,21 @@ sub settled_by { my ($what, $n) = @_; wait_until(5, sub { settled_units($what) >
     my $read = get('/read?k=less');
     like(join(' ', map { header($read, $_) // '' } qw(X-RateLimit-Remaining RateLimit-Remaining)), qr/\b700\b/,
         'a cost=0 read then shows 700 remaining of 1000');
+    like(get('/admin_tok?key=less')->{body} // '', qr/"remaining":700\b/, 'ratelimit_admin GET shows the settled usage');
+}
+
+# --- An empty value keeps the estimate (logged); a request that never reached the upstream
+# settles with what the value says then.
+{
+    my $r0 = settled_units('returned');
+    is(get('/tok?k=empty&n=1')->{status}, 200, 'an upstream that sends no X-Tokens-Used');
+    is(get('/down?k=empty&n=2&used=5')->{status}, 502, 'an upstream that is down: 502');
+    ok(settled_by('returned', $r0 + 95), 'the 502 settles with its value, 5: 95 given back');
+    like(get('/admin_tok?key=empty')->{body} // '', qr/"remaining":895\b/,
+        'the empty value kept its estimate: 100 + 5 used of 1000');
+    like(error_log_text('gw1') . error_log_text('gw2'),
+        qr/ratelimit: settle= of zone "tok" is "", not a number of units \(0 to 1000000000\): the estimate 100 stays/,
+        'the empty value is logged, with the zone and the estimate kept');
 }
 
 # --- Estimate 100, actual 250: each request charges 150 more.
