@@ -24,6 +24,8 @@
 #   make docker-build | docker-smoke | docker-test   the image, its smoke test, make test in it
 #   make bench          wrk benchmark, unlimited vs limited location (bench/run.sh)
 #   make bench-compare  no limiter vs the article's Lua block vs this module (bench/compare.sh)
+#   make bench-compare-builds BUILDS="old=a.so new=b.so"  two builds of the module side by side
+#                       in one run, allow scenario: ratios and decisions per call (bench/compare-builds.sh)
 #   make bench-topology one Redis over TCP vs a 3-primary Cluster vs TLS, nginx and Redis CPU
 #                       per decision (bench/topology.sh)
 #   make bench-lease    no limiter vs exact vs lease=auto, 1 worker: busy keys, Zipf, uniform,
@@ -500,6 +502,13 @@ bench: deps-bench
 bench-compare: deps-bench
 	$(MAKE) build-system
 	bench/compare.sh
+
+# Builds of the module side by side in one run (about 5 minutes for two): a before/after of the
+# code on one machine, where two bench-compare runs may be two machines. BUILDS="name=path.so ..."
+# (each from make build-system, an older commit's in a worktree of its own).
+.PHONY: bench-compare-builds
+bench-compare-builds: deps-bench
+	bench/compare-builds.sh
 
 # One Redis over TCP vs a 3-primary Cluster vs TLS, the module's allow path (about 4 minutes).
 bench-topology: deps-bench

@@ -332,6 +332,11 @@ pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo "?"; }
     printf 'load\t%s\n' "at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"
     printf 'limit\t%s\nwindow\t%s\nmix_hot_percent\t%s\nelapsed_s\t%s\npage_bytes\t%s\n' \
         "$LIMIT" "$WINDOW" "$MIX_HOT_PERCENT" "$elapsed" "$(printf '%s' "$page" | wc -c)"
+    # The run this one replaces, for the report to say when it was another machine: ratios
+    # move with the host, not only with the code (docs/benchmarks.md, 2026-12-03).
+    if [ -f "${OUT_TSV%.tsv}.meta.tsv" ]; then
+        sed -n 's/^\(date\|cpu\|module_commit\)\t/previous_\1\t/p' "${OUT_TSV%.tsv}.meta.tsv"
+    fi
 } > "$tmp/meta.tsv"
 
 cp "$tmp/raw.tsv" "$OUT_TSV"

@@ -117,6 +117,13 @@ def main():
       f"absolute numbers, are the result. Total run time {int(float(meta['elapsed_s'])) // 60} min "
       f"{int(float(meta['elapsed_s'])) % 60} s. Load average (1, 5, 15 min) {meta.get('load', '?')}: "
       f"anything else running on the machine during the run shows in the min–max ranges.\n")
+    prev_cpu = meta.get("previous_cpu")
+    if prev_cpu and prev_cpu != meta["cpu"]:
+        w(f"**Another machine than the run this one replaced** ({meta.get('previous_date', '?')}, "
+          f"{prev_cpu}, module {meta.get('previous_module_commit', '?')}): hosts speed up nginx, "
+          f"Redis's round trips and the script's work by different factors, so even the ratios "
+          f"below are not comparable with that run's. A before/after of the code is measured in "
+          f"one run: `make bench-compare-builds`.\n")
     w("wrk is closed-loop: each of its connections sends the next request when the answer "
       "arrives, so at a fixed connection count the mean latency is connections / requests per "
       "second; a faster contender is not given more work. p99 shows the tail within that.\n")

@@ -42,25 +42,7 @@ LOCATIONS = [
 
 
 def nginx_conf(tmp, module, nport, rport):
-    return f"""load_module {module};
-daemon off;
-master_process off;
-worker_processes 1;
-worker_rlimit_nofile 8192;
-error_log {tmp}/logs/error.log warn;
-pid {tmp}/nginx.pid;
-events {{ worker_connections 4096; }}
-http {{
-    default_type text/html;
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 600s;
-    client_body_temp_path {tmp}/tmp/client_body;
-    proxy_temp_path {tmp}/tmp/proxy;
-    fastcgi_temp_path {tmp}/tmp/fastcgi;
-    uwsgi_temp_path {tmp}/tmp/uwsgi;
-    scgi_temp_path {tmp}/tmp/scgi;
-
+    return ins.conf_head(tmp, module, connections=4096) + f"""
     ratelimit_redis 127.0.0.1:{rport} timeout=10s;
     ratelimit_log_level info;
     ratelimit_metrics_zone 64k;
@@ -190,8 +172,8 @@ def main():
     lines += [
         "",
         f"A delayed request costs the worker {per['delay'] - per['exact']:+,.0f} instructions over "
-        "one admitted at once (its timer, the places it keeps for a give-back, the metrics), "
-        "and Redis nothing more: the call that decides it records it.",
+        "one admitted at once (its timer, its places kept for a give-back, the metrics), "
+        "and no second Redis call: the one that decides it records it, with a ledger entry besides.",
     ]
     write_report(args.out, lines)
 

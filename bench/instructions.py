@@ -87,14 +87,17 @@ def free_port(exclude=()):
     die("no free loopback port")
 
 
-def nginx_conf(tmp, module, nport, rport):
+def conf_head(tmp, module, connections=256):
+    """nginx.conf up to the inside of `http {}`: one worker in the foreground, its files in tmp
+    (bench/delay.py's configuration starts the same way, with more connections)."""
+    rlimit = f"worker_rlimit_nofile {2 * connections};\n" if connections > 256 else ""
     return f"""load_module {module};
 daemon off;
 master_process off;
 worker_processes 1;
-error_log {tmp}/logs/error.log warn;
+{rlimit}error_log {tmp}/logs/error.log warn;
 pid {tmp}/nginx.pid;
-events {{ worker_connections 256; }}
+events {{ worker_connections {connections}; }}
 http {{
     default_type text/html;
     access_log off;
@@ -105,7 +108,11 @@ http {{
     fastcgi_temp_path {tmp}/tmp/fastcgi;
     uwsgi_temp_path {tmp}/tmp/uwsgi;
     scgi_temp_path {tmp}/tmp/scgi;
+"""
 
+
+def nginx_conf(tmp, module, nport, rport):
+    return conf_head(tmp, module) + f"""
     limit_req_zone $http_x_consumer_id zone=lr:10m rate=100000r/s;
     limit_req_zone $http_x_consumer_id zone=lrdeny:10m rate=1r/m;
     limit_req_status 429;

@@ -355,6 +355,48 @@ local function packed_upto(v, from, to, t)
   return from
 end
 
+-- sliding_log: n new members m0 .. m0+n-1 scored `score` (a reservation's units, or a delayed
+-- request's place), after the member of the entry scored last (most often the last
+-- reservation's last member), else from 2^52 + the clock in µs; returns m0. ZADD NX first scores
+-- them -inf (no entry in the window has that score): all new, they get their score; else they
+-- go and a further block is tried.
+local function add_reserved(key, n, base_us, score)
+  local m0 = RESERVED_MEMBERS + base_us
+  local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
+  if top and top >= m0 and top + 1 + n < EXACT then
+    m0 = top + 1
+  end
+  local skip = n
+  while true do
+    local added, j = 0, 0
+    while j < n do
+      local args, c = {}, min(n - j, ZADD_CHUNK)
+      for x = 1, c do
+        args[2 * x - 1] = '-inf'
+        args[2 * x] = format('%d', m0 + j + x - 1)
+      end
+      added = added + call('ZADD', key, 'NX', unpack(args))
+      j = j + c
+    end
+    if added == n then
+      break
+    end
+    call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
+    m0, skip = m0 + skip, skip * 2
+  end
+  local j = 0
+  while j < n do
+    local args, c = {}, min(n - j, ZADD_CHUNK)
+    for x = 1, c do
+      args[2 * x - 1] = score
+      args[2 * x] = format('%d', m0 + j + x - 1)
+    end
+    call('ZADD', key, 'XX', unpack(args))
+    j = j + c
+  end
+  return m0
+end
+
 -- calendar quota: one 10-byte string per key, (period start in UTC ms, count). The start tells a
 -- period from the next when a gateway clock is ahead of the key's expiry.
 local QUOTA_FORMAT, QUOTA_LEN = '<I6I4', 10
@@ -942,42 +984,8 @@ repeat
           if alg == 'l' then
             local used = S[o + S1]
             if cost > 0 then
-              -- Members as a grant's (after the member scored last, else from 2^52 + the clock
-              -- in µs), first scored -inf to learn they are all new, then scored `at`.
-              local m0 = RESERVED_MEMBERS + base_us
-              local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
-              if top and top >= m0 and top + 1 + cost < EXACT then
-                m0 = top + 1
-              end
-              local skip = cost
-              while true do
-                local added, j = 0, 0
-                while j < cost do
-                  local args, n = {}, min(cost - j, ZADD_CHUNK)
-                  for x = 1, n do
-                    args[2 * x - 1] = '-inf'
-                    args[2 * x] = format('%d', m0 + j + x - 1)
-                  end
-                  added = added + call('ZADD', key, 'NX', unpack(args))
-                  j = j + n
-                end
-                if added == cost then
-                  break
-                end
-                call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
-                m0, skip = m0 + skip, skip * 2
-              end
-              local j = 0
-              while j < cost do
-                local args, n = {}, min(cost - j, ZADD_CHUNK)
-                for x = 1, n do
-                  args[2 * x - 1] = at_s
-                  args[2 * x] = format('%d', m0 + j + x - 1)
-                end
-                call('ZADD', key, 'XX', unpack(args))
-                j = j + n
-              end
-              token = m0
+              -- Members as a grant's, scored `at`.
+              token = add_reserved(key, cost, base_us, at_s)
               -- Until the newest entry leaves the window: it may be scored later than `at`.
               local newest = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
               call('PEXPIRE', key, format('%d', max(at, newest) + w - now))
@@ -1246,44 +1254,8 @@ repeat
           end
         end
         if grant > 0 and alg == 'l' then
-          -- g new members m0 .. m0+g-1 scored now + lease: after the member of the entry scored
-          -- last (most often the last reservation's last member), else from 2^52 + the clock in
-          -- µs. ZADD NX first scores them -inf (no entry in the window has that score): all new,
-          -- they get their score; else they go and a further block is tried.
-          local m0 = RESERVED_MEMBERS + base_us
-          local top = tonumber(call('ZRANGE', key, '-1', '-1')[1])
-          if top and top >= m0 and top + 1 + grant < EXACT then
-            m0 = top + 1
-          end
-          local skip = grant
-          while true do
-            local added, j = 0, 0
-            while j < grant do
-              local args, n = {}, min(grant - j, ZADD_CHUNK)
-              for x = 1, n do
-                args[2 * x - 1] = '-inf'
-                args[2 * x] = format('%d', m0 + j + x - 1)
-              end
-              added = added + call('ZADD', key, 'NX', unpack(args))
-              j = j + n
-            end
-            if added == grant then
-              break
-            end
-            call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
-            m0, skip = m0 + skip, skip * 2
-          end
-          local score, j = format('%d', now + lease), 0
-          while j < grant do
-            local args, n = {}, min(grant - j, ZADD_CHUNK)
-            for x = 1, n do
-              args[2 * x - 1] = score
-              args[2 * x] = format('%d', m0 + j + x - 1)
-            end
-            call('ZADD', key, 'XX', unpack(args))
-            j = j + n
-          end
-          token = m0
+          -- g new members scored now + lease.
+          token = add_reserved(key, grant, base_us, format('%d', now + lease))
         end
         if want and alg == 'l' and (commit or grant > 0) then
           -- Entries scored up to now + lease count until now + lease + window; delayed ones,

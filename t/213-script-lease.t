@@ -26,22 +26,8 @@ my $R = 2**52;    # reserved sliding_log members start here (plus the clock in Â
 our (@KEYS, %RID);
 sub show {
     my ($r, @fields) = @_;
-    return 'ERR:' . $r->message if is_error($r);
-    return 'RAW:' . RLTest::Redis::format_reply($r) if ref $r ne 'ARRAY';
-    my @v = @$r;
-    my @out = (shift @v);
-    for my $i (0 .. $#fields) {
-        my $n = $fields[$i] =~ /\+/ ? 7 : 3;
-        my @z = splice(@v, 0, $n);
-        if ($n == 7) {
-            my $rid = pop @z;
-            return "BAD RID $rid for @z" if ($z[3] > 0) != ($rid > 0);
-            $RID{$KEYS[$i]} = $rid if $rid && defined $KEYS[$i];
-        }
-        push @out, join ' ', @z;
-    }
-    return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
-    return join ' | ', @out;
+    my $rid = sub { $RID{ $KEYS[$_[0]] } = $_[1] if defined $KEYS[$_[0]] };
+    return zone_fields($r, [map { /\+/ ? 7 : 3 } @fields], $rid);
 }
 
 # One decision: zones [key, field, limit, window, cost (1), burst (0)].

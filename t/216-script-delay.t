@@ -24,20 +24,7 @@ my $T0 = 10_000_000;
 our %RID;
 sub show {
     my ($r, @keys) = @_;
-    return 'ERR:' . $r->message if is_error($r);
-    return 'RAW:' . RLTest::Redis::format_reply($r) if ref $r ne 'ARRAY';
-    my @v = @$r;
-    my @out = (shift @v);
-    for my $key (@keys) {
-        my @z = splice(@v, 0, 7);
-        return 'RAW:' . RLTest::Redis::format_reply($r) if @z < 7;
-        my $rid = pop @z;
-        return "BAD RID $rid for @z" if ($z[3] > 0) != ($rid > 0);
-        $RID{$key} = $rid if $rid;
-        push @out, join ' ', @z;
-    }
-    return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
-    return join ' | ', @out;
+    return zone_fields($r, [(7) x @keys], sub { $RID{ $keys[$_[0]] } = $_[1] });
 }
 
 # One decision at T0 + t: zones [key, field, limit, window, cost (1), burst (0)].

@@ -12,17 +12,24 @@
 #   later; 5 per 10 s delay=1s: 5 x 200 and 3 x 429 within 0.5 s;
 # - an unlimited location answers within 50 ms while 20 requests wait (not
 #   under valgrind, whose slowness is the measure there);
-# - a client that goes away while waiting gives its place back: the next
-#   request takes it (200 after the same wait) where it would be refused;
+# - a client that goes away while waiting (HTTP/1.1 close, HTTP/2 RST_STREAM)
+#   gives its place back: the next request takes it (200 after the same wait)
+#   where it would be refused;
+# - a zone with lease= and delay=: admitted from reservations, then delayed by
+#   Redis once they run out, never over the limit;
 # - a reset while a request waits: its give-back finds another life of the
 #   key and writes nothing, the new life is never over its limit;
-# - a reload and Redis going away while requests wait: they go on at their
-#   turn;
+# - a reload, Redis going away and a graceful shutdown while requests wait:
+#   they go on at their turn;
 # - every algorithm that delays (log, packed log, counter, gcra, quota) under
-#   a burst far over its limit from both gateways: audited, no window over.
+#   a burst far over its limit from both gateways: audited at the instants
+#   Redis recorded, and at the admission instants (each between its recorded
+#   instant and its arrival at the backend): no window over.
 use lib 't/lib';
 use RLTest;
 use RLTest::Audit qw(check summary to_ms);
+use RLTest::H2;
+use RLTest::Proc qw(free_port);
 use RLTest::SlowBackend;
 use RLTest::Script qw(counter_value);
 use Time::HiRes qw(time sleep);
@@ -30,6 +37,11 @@ use Time::HiRes qw(time sleep);
 my $VALGRIND = RLTest::Nginx::valgrind();
 my $backend = RLTest::SlowBackend->start(log => servroot() . '/backend.log');
 my $BPORT = $backend->port;
+my $H2 = free_port();
+# "http2 on;" from 1.25.1; Debian's 1.22 knows only "listen ... http2".
+my ($version) = `@{[RLTest::Nginx::binary()]} -v 2>&1` =~ m{nginx/(\d+\.\d+\.\d+)};
+my $new_h2 = sprintf('%03d%03d%03d', split /\./, $version // '0.0.0') ge '001025001';
+my ($h2_listen, $h2_on) = $new_h2 ? ("127.0.0.1:$H2", 'http2 on;') : ("127.0.0.1:$H2 http2", '');
 my $http = <<"EOF";
     ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=2s;
     ratelimit_zone g   key=\$arg_k limit=10 window=1s algorithm=gcra burst=1 clock=nginx;
@@ -41,9 +53,18 @@ my $http = <<"EOF";
     ratelimit_zone cb  key=\$arg_k limit=8 window=1s algorithm=sliding_counter clock=nginx;
     ratelimit_zone gb  key=\$arg_k limit=8 window=1s algorithm=gcra burst=3 clock=nginx;
     ratelimit_zone q   key=\$arg_k limit=30 period=hour clock=nginx;
+    ratelimit_zone lz  key=\$arg_k limit=20 window=1s lease=auto lease_time=200ms clock=nginx;
     ratelimit_metrics_zone 64k;
-    log_format delay '\$ratelimit_time \$ratelimit_delay \$ratelimit_status \$status \$uri \$arg_k';
+    log_format delay '\$ratelimit_time \$ratelimit_delay \$ratelimit_status \$status \$uri \$arg_k \$args';
     upstream backend { server 127.0.0.1:$BPORT; }
+EOF
+# gw1 also serves HTTP/2, on a port of its own.
+my $h2_server = <<"EOF";
+    server {
+        listen $h2_listen;
+        $h2_on
+        location /one { ratelimit one delay=5s; proxy_pass http://backend; }
+    }
 EOF
 my $config = <<'EOF';
     access_log logs/delay.log delay;
@@ -58,11 +79,17 @@ my $config = <<'EOF';
     location /cb  { ratelimit cb delay=2s;  proxy_pass http://backend; }
     location /gb  { ratelimit gb delay=1s;  proxy_pass http://backend; }
     location /q   { ratelimit q delay=1s;   proxy_pass http://backend; }
+    location /lz  { ratelimit lz delay=2s;  proxy_pass http://backend; }
     location /free { proxy_pass http://backend; }
     location = /admin_c { ratelimit_admin c; }
     location = /metrics { ratelimit_metrics; }
 EOF
-my @gw = map { start_nginx(name => "gw$_", workers => 1, http_config => $http, config => $config) } 1, 2;
+sub conf_of {
+    my ($g) = @_;
+    return (name => "gw$g", workers => 1, http_config => $http . ($g == 1 ? $h2_server : ''),
+        config => $config);
+}
+my @gw = map { start_nginx(conf_of($_)) } 1, 2;
 
 sub req { { port => $gw[$_[1] // 0]->port, request => "GET $_[0]" } }
 sub statuses { my %by; $by{ $_->{status} // ($_->{error} ? 'error' : 'none') }++ for @_; \%by }
@@ -84,7 +111,11 @@ http_parallel([map { req("/l10?k=warm$_&hold=0", $_ % 2) } 1 .. 4]);
         my $n = grep { $_ >= $t[$i] && $_ < $t[$i] + 1 } @t;
         $most = $n if $n > $most;
     }
-    cmp_ok($most, '<=', 11, "gcra: never more than 11 in any second at the backend ($most)");
+    SKIP: {
+        # A worker late for its timers lets the requests whose turns passed go on together.
+        skip 'valgrind: a slowed worker lets waiting requests go on late and together', 1 if $VALGRIND;
+        cmp_ok($most, '<=', 11, "gcra: never more than 11 in any second at the backend ($most)");
+    }
     cmp_ok($t[-1] - $t[0], '>=', 1.7, sprintf 'gcra: the last %.2f s after the first', $t[-1] - $t[0]);
     my @delayed = grep { (header($_, 'X-RL') // '') eq 'DELAYED' } @$res;
     cmp_ok(scalar @delayed, '>=', 18, 'gcra: the others were DELAYED ($ratelimit_status)');
@@ -139,6 +170,32 @@ http_parallel([map { req("/l10?k=warm$_&hold=0", $_ % 2) } 1 .. 4]);
     cmp_ok($third->{elapsed}, '<', 3.2, sprintf 'after the same wait (%.2f s), not the one behind it', $third->{elapsed});
     is(scalar(begins(qr/k=gone&n=2&/)), 0, 'the one that left never reached the backend');
 }
+SKIP: {
+    my $h2 = RLTest::H2->connect(port => $H2);
+    skip "no HTTP/2 connection: $RLTest::H2::error", 5 unless $h2;
+    is(http_request(%{ req('/one?k=h2gone&n=1&hold=0', 0) })->{status}, 200, 'HTTP/2: the first at once (HTTP/1.1)');
+    my $s = $h2->get('/one?k=h2gone&n=2&hold=0');
+    $h2->pump(0.3);
+    ok(!defined $h2->status($s), 'an HTTP/2 stream waits for its turn');
+    $h2->reset($s);
+    $h2->pump(0.1);
+    ok(wait_until(5, sub { metric('/metrics', 'ratelimit_requests_waiting', -port => $gw[0]->port) == 0 }),
+        'reset (RST_STREAM): it waits no more');
+    my $third = http_request(%{ req('/one?k=h2gone&n=3&hold=0', 1) }, timeout => 10);
+    is($third->{status}, 200, 'the next request takes its place');
+    cmp_ok($third->{elapsed}, '<', 3.2, sprintf 'after the same wait (%.2f s)', $third->{elapsed});
+    $h2->close;
+}
+
+# --- lease= and delay=: reservations first, then Redis's delays.
+{
+    my $res = http_parallel([map { req("/lz?k=lz&n=$_&hold=0", $_ % 2) } 1 .. 30], timeout => 20);
+    is_deeply(statuses(@$res), { 200 => 30 }, 'lease= and delay=2s, 30 at once at 20 per second: 30 x 200');
+    my %rl;
+    $rl{ header($_, 'X-RL') // '-' }++ for @$res;
+    my $seen = join ' ', map { "$_=$rl{$_}" } sort keys %rl;
+    cmp_ok($rl{DELAYED} // 0, '>=', 5, "the last waited for their turn ($seen)");
+}
 
 # --- A reset while a request waits: its give-back meets another life.
 {
@@ -164,7 +221,7 @@ http_parallel([map { req("/l10?k=warm$_&hold=0", $_ % 2) } 1 .. 4]);
 {
     my @held = map { http_start(%{ req("/g?k=reload&n=$_&hold=0", 0) }) } 1 .. 8;
     sleep 0.2;
-    ok(reload_nginx(name => 'gw1', workers => 1, http_config => $http, config => $config), 'gw1 reloaded');
+    ok(reload_nginx(conf_of(1)), 'gw1 reloaded');
     my @done = map { http_finish($_, 20) } @held;
     is_deeply(statuses(@done), { 200 => 8 }, 'waiting requests finish across a reload');
 
@@ -198,10 +255,12 @@ my %AUDIT = (
     cmp_ok($by->{200} // 0, '>', 0, 'audit burst: admitted ' . ($by->{200} // 0) . ', rejected ' . ($by->{429} // 0));
     ok(!$by->{error} && !$by->{none}, 'audit burst: every request answered');
 }
-my (%adm, $delayed_logged);
+# When each audited request reached the backend, by its arguments.
+my %arrived = map { (my $a = $_->[2]) =~ s/^[^?]*\?//; ($a => int($_->[0] * 1000)) } $backend->intervals(qr/k=audit&/);
+my (%adm, %at, $delayed_logged);
 for my $g (1, 2) {
     for my $line (split /\n/, nginx("gw$g")->read_file('logs/delay.log')) {
-        my ($time, $delay, $rl, $status, $uri, $key) = split / /, $line;
+        my ($time, $delay, $rl, $status, $uri, $key, $args) = split / /, $line;
         next unless $status eq '200' && $key eq 'audit';
         (my $zone = $uri) =~ s{^/}{};
         my $t = to_ms($time) // die "no \$ratelimit_time: $line";
@@ -209,6 +268,8 @@ for my $g (1, 2) {
         $t += $delay;
         # The gateway's clock is read once for $ratelimit_time and once for the script's now.
         push @{ $adm{$zone} }, [$t, $t + 1, 1];
+        my $in = $arrived{$args} // die "audit: $args never reached the backend";
+        push @{ $at{$zone} }, [$t, $in > $t ? $in : $t + 1, 1];
     }
 }
 cmp_ok($delayed_logged // 0, '>', 0, "audit: some were delayed ($delayed_logged)");
@@ -216,6 +277,11 @@ for my $z (sort keys %AUDIT) {
     my ($alg, %o) = @{ $AUDIT{$z} };
     my $r = check($alg, $adm{$z} // [], %o);
     ok($r->{ok}, "audit $alg with delay=: " . summary($r)) or diag(explain($r->{examples}));
+    SKIP: {
+        skip 'valgrind: a slowed worker lets waiting requests go on late and together', 1 if $VALGRIND;
+        $r = check($alg, $at{$z} // [], %o);
+        ok($r->{ok}, "audit $alg by admission instants: " . summary($r)) or diag(explain($r->{examples}));
+    }
 }
 
 # --- Metrics.
@@ -224,7 +290,16 @@ cmp_ok($delayed, '>=', 40, "ratelimit_delayed_requests_total ($delayed)");
 cmp_ok(metric_sum('ratelimit_delay_seconds_total'), '>', 1, 'ratelimit_delay_seconds_total');
 is(metric_sum('ratelimit_requests_waiting'), 0, 'none waiting at the end');
 
-ok(stop_nginx("gw$_"), "gw$_ quits gracefully") for 1, 2;
+# --- A graceful shutdown while requests wait: they finish first.
+{
+    my @held = map { http_start(%{ req("/g?k=quit&n=$_&hold=0", 1) }) } 1 .. 6;
+    sleep 0.2;
+    ok(stop_nginx('gw2'), 'gw2 quits gracefully while requests wait');
+    my @done = map { http_finish($_, 10) } @held;
+    is_deeply(statuses(@done), { 200 => 6 }, '... and they went on first');
+}
+
+ok(stop_nginx('gw1'), 'gw1 quits gracefully');
 check_no_alerts(error_log_text("gw$_"), "gw$_") for 1, 2;
 $backend->stop;
 done_testing();

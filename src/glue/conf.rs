@@ -122,6 +122,10 @@ pub struct MainConf {
     pub local_size: Option<u64>,
     /// Requests of this worker waiting for their turn (`delay=`).
     pub waiting: Cell<u64>,
+    /// The zones some `ratelimit` line gives `delay=`, by name: every decision of theirs says
+    /// so to Redis (a wait of 0 where the line has none), so that no plain write shortens the
+    /// life of places recorded ahead of now.
+    pub delayed_zones: RefCell<Vec<String>>,
     /// `ratelimit_metrics_zone`: its size; the counters it holds once nginx has set it up.
     pub metrics_size: Option<u64>,
     pub metrics: Cell<Metrics>,
@@ -156,6 +160,7 @@ impl Default for MainConf {
             local: RefCell::new(None),
             local_size: None,
             waiting: Cell::new(0),
+            delayed_zones: RefCell::new(Vec::new()),
             metrics_size: None,
             metrics: Cell::new(Metrics::disabled()),
             metrics_cells: OnceCell::new(),
@@ -195,6 +200,9 @@ pub struct LocConf {
     pub admin_zone: Option<usize>,
     /// `ratelimit_dry_run`: decide as usual, reject nothing.
     pub dry_run: Option<bool>,
+    /// Some zone of the location is one a request may wait for (`delay=` on any of its lines):
+    /// its decisions carry every zone's longest wait.
+    pub delaying: bool,
 }
 
 impl LocConf {
@@ -270,8 +278,12 @@ pub unsafe extern "C" fn merge_loc_conf(
             );
         }
     }
-    if let Some(delayed) = limits.iter().find(|l| l.delay_ms > 0) {
-        let delayed = delayed.name.clone();
+    let delayed = {
+        let names = mcf.delayed_zones.borrow();
+        limits.iter().find(|l| names.contains(&l.name)).map(|l| l.name.clone())
+    };
+    conf.delaying = delayed.is_some();
+    if let Some(delayed) = delayed {
         for limit in limits.iter() {
             let zone = &mcf.zones[limit.zone];
             let why = match zone.algorithm {
@@ -288,8 +300,9 @@ pub unsafe extern "C" fn merge_loc_conf(
             } else {
                 format!(
                     "ratelimit \"%s\" is {why}: a request of this location may wait for its \
-                     turn in zone \"{delayed}\" (delay=), which records it at that instant in \
-                     every zone of the location; give this zone a location of its own"
+                     turn in zone \"{delayed}\" (delay= on a ratelimit line of it), which \
+                     records it at that instant in every zone of the location; give this zone a \
+                     location of its own"
                 )
             };
             return fail(cf, limit, &what);

@@ -331,6 +331,10 @@ unsafe extern "C" fn cmd_ratelimit(
         }
     }
     let cost = cost.unwrap_or(Param::Fixed(1));
+    if delay_ms.is_some_and(|ms| ms > 0) {
+        let Some(mcf) = RateLimit::main_conf(&*cf) else { return NGX_CONF_ERROR as _ };
+        mcf.delayed_zones.borrow_mut().push(name.to_owned());
+    }
     let file = &(*(*cf).conf_file).file;
     limits.push(LimitRef {
         name: name.to_owned(),

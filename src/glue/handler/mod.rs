@@ -196,10 +196,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     };
     ctx.zones = zones;
     // A dry run rejects nothing, so it delays nothing either; a worker with as many requests
-    // waiting as it has connections lets no more wait.
-    let delaying = lcf.limits().iter().any(|l| l.delay_ms > 0)
-        && !lcf.dry_run()
-        && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
+    // waiting as it has connections lets no more wait. Both still say a wait of 0 to Redis.
+    let may_wait = !lcf.dry_run() && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
@@ -244,7 +242,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let i = limit.zone;
         let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
         let table_key = head.key(key.parts());
-        let (limit, lease, delay) = (limit_n, None, delaying.then_some(limit.delay_ms));
+        let delay = lcf.delaying.then_some(if may_wait { limit.delay_ms } else { 0 });
+        let (limit, lease) = (limit_n, None);
         let placed = Grant::default();
         let z = ZoneReq {
             zone: i,

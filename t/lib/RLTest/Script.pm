@@ -13,6 +13,7 @@ package RLTest::Script;
 #   my $d = decide(1000, ['rl:z:a', 'l', 10, 1000], ['rl:y:a', 'g', 10, 1000, 1, 5]);
 #   $d->{allowed}; $d->{zones}[0]{ok}, {remaining}, {reset}
 #   verdict($d)                       # "1 | 1 9 1000 | 1 4 100": allowed | ok remaining reset ...
+#   zone_fields($raw, [7, 3], \&rid)  # the same of a decide_raw reply with 7-field zones
 #   decide_raw(\@keys, @argv)         # the reply as Redis gave it (array, or an Error object)
 #   batch_raw([\@keys, @argv], ...)   # several decisions in one call: the reply as Redis gave it
 #   batch_argv([\@keys, @argv], ...)  # (\@keys, @argv) of that call, for EVAL or a wrapper
@@ -36,7 +37,7 @@ use Time::HiRes ();
 use RLTest ();
 
 our @EXPORT_OK = qw(script_text script_parts script_sha load_script decide decide_raw batch_raw batch_argv
-    verdict redis_error is_error steps snapshot counter_value gcra_value);
+    verdict zone_fields redis_error is_error steps snapshot counter_value gcra_value);
 our %EXPORT_TAGS = (all => \@EXPORT_OK);
 
 my $repo = abs_path(dirname(__FILE__) . '/../../..');
@@ -174,6 +175,30 @@ sub verdict {
     return 'ERR:' . $d->message if is_error($d);
     return 'RAW:' . RLTest::Redis::format_reply($d) if ref $d ne 'HASH';    # decide_raw's reply
     return join ' | ', $d->{allowed}, map { "$_->{ok} $_->{remaining} $_->{reset}" } @{ $d->{zones} };
+}
+
+# A decide_raw reply as one line, "allowed | fields of zone 1 | ...", zone i answering
+# $n->[i] fields: 3, or 7 for a zone with a reservation, a delay or a placement (ok remaining
+# reset granted lease_ms token rid), whose rid is not shown but handed to $rid->(i, rid); "BAD
+# RID" when a grant and its rid disagree, "ERR:" and "RAW:" as verdict's.
+sub zone_fields {
+    my ($r, $n, $rid) = @_;
+    return 'ERR:' . $r->message if is_error($r);
+    return 'RAW:' . RLTest::Redis::format_reply($r) if ref $r ne 'ARRAY';
+    my @v = @$r;
+    my @out = (shift @v);
+    for my $i (0 .. $#$n) {
+        my @z = splice(@v, 0, $n->[$i]);
+        return 'RAW:' . RLTest::Redis::format_reply($r) if @z < $n->[$i];
+        if ($n->[$i] == 7) {
+            my $id = pop @z;
+            return "BAD RID $id for @z" if ($z[3] > 0) != ($id > 0);
+            $rid->($i, $id) if $id && $rid;
+        }
+        push @out, join ' ', @z;
+    }
+    return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
+    return join ' | ', @out;
 }
 
 # Runs a table of decisions against literal expectations.  A step is
