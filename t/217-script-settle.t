@@ -18,30 +18,12 @@ my $T0 = 10_000_000;
 my $HORIZON = 3_600_000 + 10_000;    # a placement's ledger entry: an hour + the grace
 
 # A reply as "allowed | ok remaining reset [granted lease token] | ...": 7 fields
-# for a zone whose field has "!", "~" or "+", 3 for the others; the rid kept in %RID
-# by key and checked to be there exactly when units were placed (a ledger key).
+# for a zone whose field has "!", "~" or "+", 3 for the others; the rid kept in
+# %RID by key (zone_fields checks it is there exactly when units were placed).
 our %RID;
 sub show {
     my ($r, @z) = @_;
-    return 'ERR:' . $r->message if is_error($r);
-    return 'RAW:' . RLTest::Redis::format_reply($r) if ref $r ne 'ARRAY';
-    my @v = @$r;
-    my @out = (shift @v);
-    for my $z (@z) {
-        my ($key, $field) = @$z;
-        my $wide = $field =~ /[!~+]/;
-        my @f = splice(@v, 0, $wide ? 7 : 3);
-        return 'RAW:' . RLTest::Redis::format_reply($r) if @f < ($wide ? 7 : 3);
-        if ($wide) {
-            my $rid = pop @f;
-            my $ledger = $key !~ /[{}]/;
-            return "BAD RID $rid for @f" if ($ledger && $f[3] > 0) != ($rid > 0);
-            $RID{$key} = $rid if $rid;
-        }
-        push @out, join ' ', @f;
-    }
-    return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
-    return join ' | ', @out;
+    return zone_fields($r, [map { $_->[1] =~ /[!~+]/ ? 7 : 3 } @z], sub { $RID{ $z[$_[0]][0] } = $_[1] });
 }
 
 # One decision at T0 + t: zones [key, field, limit, window, cost (1), burst (0)].
