@@ -254,6 +254,8 @@ for my $alg (qw(l p c g q b)) {
     is(counter_value($c), '16:3:0', 'mixed: the placement');
     is(zscores($l), 'a@0', 'mixed: the plain entry');
     is(dec(0, [$c, 'c!', 10, 1000, 0]), '1 | 1 7 1334 0 0 0', 'cost 0: nothing placed');
+    like(dec(0, ['rl:settle:same', 'c!', 10, 1000, 1], ['rl:settle:same', 'c', 10, 1000, 1]), qr/^1 \| /,
+        'one key, with and without "!": the same algorithm');
     is(counter_value($c), '16:3:0', 'cost 0: ... nor written');
     my $b = 'rl:settle:{brace';
     my $r = decide_raw([$b], $T0, 'g!', 10, 1000, 1, 5);
