@@ -191,6 +191,11 @@ for my $alg (qw(l p c g q b)) {
     redis_cmd('DEL', $k);
     is(op(1, $k, "Cb$RID{$k}", 1, 1, 3, 20), '1 1 17 1', 'b: a charge on the missing key: the default less 3');
     is(redis_cmd('GET', $k), '17', 'b: written');
+    # A give-back on a missing balance writes nothing, as ever: a deleted balance was reset.
+    is(dec(2, [$k, 'b!', 1, 1, 5, 20]), '1 | 1 12 0 5 0 0', 'b: placed again');
+    redis_cmd('DEL', $k);
+    is(op(3, $k, "Gb$RID{$k}", 1, 1, 5, 0), '1 1 0 1', 'b: a give-back on the missing key');
+    is(redis_cmd('EXISTS', $k), 0, 'b: ... writes nothing');
 }
 
 ######################################################################
