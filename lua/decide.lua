@@ -245,7 +245,7 @@ local MAX_BALANCE_LEN = 16
 local RESERVE_PATTERN = '^([lpcgqb])%+(%d+):(%d+)$'
 local MAX_UNITS, MAX_LEASE = 1000000000, 365 * 86400000
 -- Delays: the delay field's ending on a plain letter or a reserve field, and its cap (an hour).
-local DELAY_PATTERN, MAX_DELAY = '^([lpcgq][%d+:]*)~(%d+)$', 3600000
+local DELAY_PATTERN, MAX_DELAY = '^([lpcgq][%d+:]*)~(%d+)(!?)$', 3600000
 -- sliding_log: reserved members start here, above the µs-clock members of admissions (below 2^52
 -- until the year 2112), so that a reservation never makes an admission look for a free member.
 local RESERVED_MEMBERS = 2 ^ 52
@@ -568,24 +568,23 @@ repeat
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
       local held, charge = alg, false
       if alg and #alg > 1 then
+        -- A "!" ending is found by the searches every such field goes through anyway: a
+        -- reserve field pays no call of a C function for it.
         S[o + SETTLE] = nil
-        -- One search for both endings: a reserve field or a give-back has neither.
-        local ending = string.find(alg, '[~!]', 2)
-        if ending and string.byte(alg, -1) == 33 then
-          -- "!": the cost goes as a placement (checked once the field is read).
-          alg, S[o + SETTLE] = string.sub(alg, 1, -2), '!'
-          ending = string.find(alg, '~', 2, true)
-        end
-        if ending then
-          -- A delay field: the letter (or reserve field) it extends, then its longest wait.
-          local base, d = string.match(alg, DELAY_PATTERN)
+        if string.find(alg, '~', 2, true) then
+          -- A delay field: the letter (or reserve field) it extends, then its longest wait, and
+          -- "!" on a plain letter.
+          local base, d, place = string.match(alg, DELAY_PATTERN)
           if ndelay ~= i - 1 then
             -- After a zone without one (a zone without one after these: once all are read).
             result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
             break
           end
-          if base and tonumber(d) <= MAX_DELAY then
+          if base and tonumber(d) <= MAX_DELAY and (place == '' or #base == 1) then
             alg, S[o + DELAY], ndelay = base, tonumber(d), ndelay + 1
+            if place ~= '' then
+              S[o + SETTLE], S[o + WANT], S[o + LEASE] = '!', 0, 0
+            end
           else
             alg = '?'
           end
@@ -602,17 +601,30 @@ repeat
         elseif #alg > 1 then
           -- A reserve field or a give-back, which keeps its two letters as `alg`. Anything
           -- else is refused as "?".
-          if #alg == 2 and string.byte(alg) == 67 then
+          local c1, c2 = nil, nil
+          if #alg == 2 then
+            c1, c2 = string.byte(alg, 1, 2)
+          end
+          if c2 == 33 then
+            -- "<letter>!": a placement, of a letter that counts units.
+            alg = string.sub(alg, 1, 1)
+            if string.find('lpcgqb', alg, 1, true) then
+              S[o + SETTLE], S[o + WANT], S[o + LEASE] = '!', 0, 0
+            else
+              alg = '?'
+            end
+            held = alg
+          elseif c1 == 67 then
             -- A charge: the letter's decision of `cost` more units, always ok, written only
             -- while rid is in the ledger (as a reserve zone asking nothing, for the TTLs).
             held = string.match(alg, '^C([lpcgqb])$')
             if held and S[o + RID] and cost and cost >= 1 and cost <= MAX_UNITS
-                and cost == floor(cost) and not S[o + SETTLE] then
+                and cost == floor(cost) then
               alg, charge, S[o + SETTLE], S[o + WANT], S[o + LEASE] = held, true, 'C', 0, 0
             else
               alg = '?'
             end
-          elseif #alg == 2 then
+          elseif c1 then
             held = string.match(alg, '^G([lpcgqb])$')
             if not (held and S[o + RID] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
                 and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
@@ -629,15 +641,6 @@ repeat
               alg = '?'
             end
             held = alg
-          end
-        end
-        if S[o + SETTLE] == '!' then
-          -- A placement: a plain letter that counts units, or its delay field.
-          if #alg == 1 and string.find('lpcgqb', alg, 1, true) and not S[o + WANT]
-              and not S[o + RID] then
-            S[o + WANT], S[o + LEASE] = 0, 0
-          else
-            alg = '?'
           end
         end
       end

@@ -18,30 +18,12 @@ my $T0 = 10_000_000;
 my $HORIZON = 3_600_000 + 10_000;    # a placement's ledger entry: an hour + the grace
 
 # A reply as "allowed | ok remaining reset [granted lease token] | ...": 7 fields
-# for a zone whose field has "!", "~" or "+", 3 for the others; the rid kept in %RID
-# by key and checked to be there exactly when units were placed (a ledger key).
+# for a zone whose field has "!", "~" or "+", 3 for the others; the rid kept in
+# %RID by key (zone_fields checks it is there exactly when units were placed).
 our %RID;
 sub show {
     my ($r, @z) = @_;
-    return 'ERR:' . $r->message if is_error($r);
-    return 'RAW:' . RLTest::Redis::format_reply($r) if ref $r ne 'ARRAY';
-    my @v = @$r;
-    my @out = (shift @v);
-    for my $z (@z) {
-        my ($key, $field) = @$z;
-        my $wide = $field =~ /[!~+]/;
-        my @f = splice(@v, 0, $wide ? 7 : 3);
-        return 'RAW:' . RLTest::Redis::format_reply($r) if @f < ($wide ? 7 : 3);
-        if ($wide) {
-            my $rid = pop @f;
-            my $ledger = $key !~ /[{}]/;
-            return "BAD RID $rid for @f" if ($ledger && $f[3] > 0) != ($rid > 0);
-            $RID{$key} = $rid if $rid;
-        }
-        push @out, join ' ', @f;
-    }
-    return 'RAW:' . RLTest::Redis::format_reply($r) if @v;
-    return join ' | ', @out;
+    return zone_fields($r, [map { $_->[1] =~ /[!~+]/ ? 7 : 3 } @z], sub { $RID{ $z[$_[0]][0] } = $_[1] });
 }
 
 # One decision at T0 + t: zones [key, field, limit, window, cost (1), burst (0)].
@@ -200,6 +182,11 @@ for my $alg (qw(l p c g q b)) {
     redis_cmd('DEL', $k);
     is(op(1, $k, "Cb$RID{$k}", 1, 1, 3, 20), '1 1 17 1', 'b: a charge on the missing key: the default less 3');
     is(redis_cmd('GET', $k), '17', 'b: written');
+    # A give-back on a missing balance writes nothing, as ever: a deleted balance was reset.
+    is(dec(2, [$k, 'b!', 1, 1, 5, 20]), '1 | 1 12 0 5 0 0', 'b: placed again');
+    redis_cmd('DEL', $k);
+    is(op(3, $k, "Gb$RID{$k}", 1, 1, 5, 0), '1 1 0 1', 'b: a give-back on the missing key');
+    is(redis_cmd('EXISTS', $k), 0, 'b: ... writes nothing');
 }
 
 ######################################################################
@@ -263,6 +250,8 @@ for my $alg (qw(l p c g q b)) {
     is(counter_value($c), '16:3:0', 'mixed: the placement');
     is(zscores($l), 'a@0', 'mixed: the plain entry');
     is(dec(0, [$c, 'c!', 10, 1000, 0]), '1 | 1 7 1334 0 0 0', 'cost 0: nothing placed');
+    like(dec(0, ['rl:settle:same', 'c!', 10, 1000, 1], ['rl:settle:same', 'c', 10, 1000, 1]), qr/^1 \| /,
+        'one key, with and without "!": the same algorithm');
     is(counter_value($c), '16:3:0', 'cost 0: ... nor written');
     my $b = 'rl:settle:{brace';
     my $r = decide_raw([$b], $T0, 'g!', 10, 1000, 1, 5);
