@@ -504,6 +504,27 @@ local function read_time()
 end
 -- Reservations' rids given in this call, past time_us.
 local rid_seq = 0
+-- A new entry of `ledger` (a reservation, a delayed or settled request's place) kept `life` ms
+-- from `now`: its rid, unique in the ledger (Redis's clock in µs, one more per further entry of
+-- the call), or 0 when the ledger is not ours to write. The ledger is pruned of what no
+-- give-back needs, and its TTL only ever lengthened: other entries may need longer (a
+-- placement that settles lasts an hour).
+local function enter_ledger(ledger, now, now_s, life)
+  read_time()
+  local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
+  if type(pruned) ~= 'number' then
+    return 0
+  end
+  local score, rid = format('%d', now + life), time_us + rid_seq
+  while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
+    rid = rid + 1
+  end
+  rid_seq = rid - time_us + 1
+  if call('PTTL', ledger) < life then
+    call('PEXPIRE', ledger, format('%d', life))
+  end
+  return rid
+end
 repeat
   -- Numbers go to Redis as strings: it formats every number a script passes (%.17g, a fair
   -- share of a command's cost); figures that came as strings go back as they came.
@@ -1096,20 +1117,7 @@ repeat
             -- Entered in the ledger as a reservation that lasts until `at`, or a placement that
             -- settles ("!") until its settlement may come.
             local life = wait + LEDGER_GRACE + (S[o + SETTLE] == '!' and SETTLE_HORIZON or 0)
-            read_time()
-            local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
-            if type(pruned) == 'number' then
-              local score = format('%d', now + life)
-              rid = time_us + rid_seq
-              while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
-                rid = rid + 1
-              end
-              rid_seq = rid - time_us + 1
-              -- Never shorter than the ledger's other reservations need.
-              if call('PTTL', ledger) < life then
-                call('PEXPIRE', ledger, format('%d', life))
-              end
-            end
+            rid = enter_ledger(ledger, now, now_s, life)
           end
           result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4],
             result[nres + 5], result[nres + 6], result[nres + 7] =
@@ -1632,23 +1640,7 @@ repeat
         if grant == 0 then
           lease, token = 0, 0
         elseif ledger then
-          -- Entered in the ledger, unique there: Redis's clock in µs, one more per further
-          -- reservation of the call and per member taken. Pruned of what no give-back needs.
-          read_time()
-          local pruned = pcall_redis('ZREMRANGEBYSCORE', ledger, '-inf', now_s)
-          if type(pruned) == 'number' then
-            life = life + LEDGER_GRACE
-            local score = format('%d', now + life)
-            rid = time_us + rid_seq
-            while call('ZADD', ledger, 'NX', score, format('%d', rid)) == 0 do
-              rid = rid + 1
-            end
-            rid_seq = rid - time_us + 1
-            -- Never shorter than the ledger's other entries need (placements last an hour).
-            if call('PTTL', ledger) < life then
-              call('PEXPIRE', ledger, format('%d', life))
-            end
-          end
+          rid = enter_ledger(ledger, now, now_s, life + LEDGER_GRACE)
         end
         result[nres + 1], result[nres + 2], result[nres + 3], result[nres + 4] =
           grant, lease, token, rid
