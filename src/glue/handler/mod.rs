@@ -203,7 +203,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     ctx.zones = zones;
     // A dry run rejects nothing, so it delays nothing either; a worker with as many requests
     // waiting as it has connections lets no more wait. Both still say a wait of 0 to Redis.
-    let may_wait = !lcf.dry_run() && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
+    let may_wait =
+        lcf.delaying && !lcf.dry_run() && mcf.waiting.get() < (*ngx_cycle).connection_n as u64;
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
