@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use crate::decide::lease::GiveBack;
-use crate::decide::params::MAX_LIMIT;
+use crate::decide::params::parse_cost;
 
 /// What a settlement does to the units an estimate placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,11 +26,8 @@ pub enum Settlement {
 /// value charged and what to send. `None` for the value when the text is empty or not a whole
 /// number of at most 10^9 units: the estimate is kept then (and the caller logs it).
 pub fn settle(estimate: u64, text: &[u8]) -> (Option<u64>, Settlement) {
-    let value = core::str::from_utf8(text)
-        .ok()
-        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|t| t.parse::<u64>().ok())
-        .filter(|&v| v <= MAX_LIMIT);
+    // What `cost=` takes, and for the same reason: whole units the scripts count exactly.
+    let value = core::str::from_utf8(text).ok().and_then(parse_cost);
     let s = match value {
         None => Settlement::Keep,
         Some(v) if v < estimate => Settlement::Return(estimate - v),
