@@ -26,6 +26,8 @@
 #                     fail_threshold=0; fail_backoff=abc; empty password= or
 #                     user= (and the other secret is not echoed); user=
 #                     without password=; twice; in server{}; no argument
+#                     name= declared twice (both places), a/b, empty
+#   ratelimit_zone    redis= naming no ratelimit_redis (none named, another named)
 #   ratelimit_zone    bad name (a/b, 65 characters); same name twice; unknown
 #                     parameter (shown: a zone has no secret); a lone algorithm
 #                     name; no key/limit/window (each named); limit_req's rate=,
@@ -41,6 +43,8 @@
 #                     no argument; off with a
 #                     parameter; the same zone twice at one level; off then a
 #                     zone, a zone then off, at one level; three arguments
+#                     a zone without redis= while every ratelimit_redis is
+#                     named; delay= in a location whose zones are on two backends
 #   ratelimit_fail    foo; twice
 #   ratelimit_fail_local_share 0, abc
 #   ratelimit_fail_local_size 8k, 2g, 1.5m; twice; in server{}
@@ -150,6 +154,30 @@ my @rows = (
         'ratelimit_redis', qr/not allowed here/],
     ['ratelimit_redis: no argument', "ratelimit_redis; #<-\n$Z", '',
         'ratelimit_redis', qr/invalid number of arguments/],
+
+    # --- several backends: name= and redis= (issue 34)
+    ['ratelimit_redis: a name declared twice (the first place named too)',
+        "$R\nratelimit_redis 127.0.0.1:6380 name=regional;\nratelimit_redis 127.0.0.1:6381 name=regional; #<-\n$Z", '',
+        'ratelimit_redis', qr/name="regional" is declared twice, first in \S*nginx\.conf:\d+/],
+    ['ratelimit_redis: an invalid name (a/b)',
+        "$R\nratelimit_redis 127.0.0.1:6380 name=a/b; #<-\n$Z", '',
+        'ratelimit_redis', qr{a/b}],
+    ['ratelimit_redis: an empty name',
+        "$R\nratelimit_redis 127.0.0.1:6380 name=; #<-\n$Z", '',
+        'ratelimit_redis', qr/name=/],
+    ['ratelimit_zone: redis= names no ratelimit_redis (the zone\'s place)',
+        "$R\nratelimit_zone q key=\$arg_k limit=3 window=1m redis=foo; #<-", '',
+        'ratelimit_zone', qr/"q": unknown "redis=foo": no "ratelimit_redis" has "name=foo"/],
+    ['ratelimit_zone: redis= names no ratelimit_redis, another name declared',
+        "$R\nratelimit_redis 127.0.0.1:6380 name=eu;\nratelimit_zone q key=\$arg_k limit=3 window=1m redis=us; #<-", '',
+        'ratelimit_zone', qr/"q": unknown "redis=us": no "ratelimit_redis" has "name=us"/],
+    ['ratelimit: a zone without redis= while every ratelimit_redis has a name',
+        "ratelimit_redis 127.0.0.1:6380 name=eu;\n$Z", "location /t {\n ratelimit api; #<-\n}",
+        'ratelimit', qr/"api".*redis=/],
+    ['ratelimit: delay= in a location whose zones are on two backends',
+        "$R\nratelimit_redis 127.0.0.1:6380 name=eu;\n$G\nratelimit_zone e key=\$arg_k limit=2 window=10s algorithm=gcra redis=eu;",
+        "location /t {\n ratelimit e;\n ratelimit g delay=1s; #<-\n}",
+        'ratelimit', qr/delay=/],
 
     # --- ratelimit_zone
     ['ratelimit_zone: bad name', "$R\nratelimit_zone a/b key=\$arg_k limit=2 window=10s; #<-", '',
