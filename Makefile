@@ -37,6 +37,8 @@
 #                       lease_time and slots in flight (bench/concurrency.sh)
 #   make bench-script-cost  Redis instructions per decision of the script (callgrind), per
 #                       algorithm, lease and batch size (bench/script-cost.py)
+#   make bench-backends a location with one zone per backend vs the same two zones on one
+#                       backend: requests/s, worker instructions and latency (bench/backends.py)
 #   make fmt | lint | clean
 #
 # Missing Debian packages are installed with apt-get (as root, or through sudo), without
@@ -541,6 +543,15 @@ bench-script-cost: deps-bench
 bench-burst: deps-bench
 	$(MAKE) build
 	bench/burst.py $(BURST_ARGS)
+
+# Several Redis backends (issue 34): a location with one zone per backend against the same two
+# zones on one backend: wrk requests/s side by side, the worker's instructions per request
+# (callgrind) and latency, a distant backend through a delaying proxy (about 12 minutes;
+# BACKENDS_ARGS="--runs 1 --rounds 2").
+.PHONY: bench-backends
+bench-backends: deps-bench
+	$(MAKE) build
+	bench/backends.py $(BACKENDS_ARGS)
 
 # Redis's cost of keeping concurrency slots renewed, by lease_time (about 3 minutes).
 .PHONY: bench-concurrency
