@@ -144,6 +144,11 @@
 -- when delayed), token, rid (0 for a key that cannot have a ledger: placed all the same). A
 -- decision may mix zones with and without "!". With "~", a delayed decision places at T as
 -- ever; its "!" zones' ledger entries last until T + SETTLE_HORIZON + LEDGER_GRACE.
+-- Several backends (issue 34): "<letter>^" (l p c g q b, plain letters only) is "<letter>!" whose
+-- ledger entry lasts LEDGER_GRACE only: a location whose zones live on several Redis deployments
+-- places each zone's cost so that, when another deployment refuses the request, a give-back
+-- ("G<letter><rid>", u = cost, the placement's token) returns it at once; later, nothing is
+-- given back and the entry leaves the ledger.
 -- The settlement names the placement by its rid: a value below the estimate gives the
 -- difference back ("G<letter><rid>", u = estimate - value, the placement's token; partial
 -- give-backs as for any reservation), one above charges the excess ("C<letter><rid>", u = value
@@ -626,11 +631,12 @@ repeat
           if #alg == 2 then
             c1, c2 = string.byte(alg, 1, 2)
           end
-          if c2 == 33 then
-            -- "<letter>!": a placement, of a letter that counts units.
+          if c2 == 33 or c2 == 94 then
+            -- "<letter>!": a placement, of a letter that counts units; "<letter>^" the same,
+            -- given back at once or never.
             alg = string.sub(alg, 1, 1)
             if string.find('lpcgqb', alg, 1, true) then
-              S[o + SETTLE], S[o + WANT], S[o + LEASE] = '!', 0, 0
+              S[o + SETTLE], S[o + WANT], S[o + LEASE] = c2 == 33 and '!' or '^', 0, 0
             else
               alg = '?'
             end
@@ -1159,7 +1165,7 @@ repeat
           end
           commit = mine
         else
-          placed = settle == '!' and commit
+          placed = (settle == '!' or settle == '^') and commit
           if allowed == 0 or not ledger then
             want = 0
           end
@@ -1635,7 +1641,7 @@ repeat
         -- life: how long the ledger keeps it; a placement answers no lease (it waited 0).
         local rid, life = 0, lease
         if placed then
-          grant, lease, life = cost, 0, SETTLE_HORIZON
+          grant, lease, life = cost, 0, settle == '!' and SETTLE_HORIZON or 0
         end
         if grant == 0 then
           lease, token = 0, 0

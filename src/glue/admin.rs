@@ -19,7 +19,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
 use crate::decide::key::{percent_decode, substitute};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
-use crate::decide::script::{self, Algorithm, EncodedArgs, ReplyError, ZoneArgs};
+use crate::decide::script::{self, Algorithm, EncodedArgs, Place, ReplyError, ZoneArgs};
 use crate::glue::conf::{Param, Zone};
 use crate::glue::module::RateLimit;
 use crate::glue::request::{attach, detach, pool_copy, wall_ms, zone_key};
@@ -94,7 +94,9 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
         return NGX_ERROR as ngx_int_t;
     };
-    let (Some(zi), Some(redis)) = (lcf.admin_zone, mcf.redis.as_ref()) else {
+    let Some(zi) = lcf.admin_zone else { return NGX_ERROR as ngx_int_t };
+    // The zone's backend: one `merge_loc_conf` never checked when no line uses the zone.
+    let Some(redis) = mcf.zone_redis(zi) else {
         return NGX_ERROR as ngx_int_t;
     };
     let rc = ngx_http_discard_request_body(r);
@@ -172,7 +174,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         member: zone.concurrency().then_some(&b"admin"[..]),
         lease: None,
         delay: None,
-        place: false,
+        place: Place::No,
     };
 
     let pool = Pool::from_ngx_pool((*r).pool);
@@ -199,7 +201,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     (*cln).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
     attach(&mut c.waiter, &mut c.ev, on_event, r);
-    if !submit(mcf.pool(), &mut c.waiter, c.args.call()) {
+    if !submit(mcf.pool(zone.backend), &mut c.waiter, c.args.call()) {
         return finish(c);
     }
     ngx_add_timer(&mut c.ev, redis.timeout);
@@ -228,9 +230,12 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         return;
     }
     // An operator's write is retried by the operator: no pause for TRYAGAIN.
-    if let Follow::Resent =
-        follow(|| mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries)
-    {
+    if let Follow::Resent = follow(
+        || mcf.pool(mcf.zones[ctx.zone].backend),
+        &mut ctx.waiter,
+        ctx.args.call(),
+        &mut ctx.retries,
+    ) {
         return;
     }
     detach(&mut ctx.waiter, &mut ctx.ev);

@@ -92,7 +92,16 @@ pub struct Zone {
     pub at: (String, ngx_uint_t),
     /// Its keys' common head hashed for this worker's tables, on the first request.
     pub table_head: OnceCell<TableHead>,
+    /// `redis=`: the name of the backend its keys live on, as written (`None`: the unnamed one)
+    /// ...
+    pub redis_name: Option<String>,
+    /// ... and its index in `MainConf::backends`, once the whole `http{}` block is read
+    /// ([`NO_BACKEND`] while there is none to name).
+    pub backend: usize,
 }
+
+/// The backend of a zone that names none while no `ratelimit_redis` is unnamed.
+pub const NO_BACKEND: usize = usize::MAX;
 
 impl Zone {
     /// `algorithm=concurrency`: its window field is the slot's life (`lease_time=`), its member
@@ -100,14 +109,28 @@ impl Zone {
     pub fn concurrency(&self) -> bool {
         self.algorithm == Algorithm::Concurrency
     }
+
+    /// Whether a request's cost can be recorded as a place to give back (with several backends):
+    /// not a slot, not request ids, not what a reservation admitted.
+    pub fn undoable(&self) -> bool {
+        !self.concurrency() && self.member.is_none() && self.lease.is_none()
+    }
 }
 
-pub struct MainConf {
-    pub redis: Option<RedisConf>,
-    pub zones: Vec<Zone>,
+/// One `ratelimit_redis`: a Redis deployment and this worker's way to it.
+pub struct Backend {
+    pub redis: RedisConf,
     /// This worker's connections; created on first use, because a single-process reload builds
     /// a new cycle without running `init_process` again.
     pub pool: Cell<*mut WorkerPool>,
+    /// Where it was declared, for the error of a name declared twice.
+    pub at: (String, ngx_uint_t),
+}
+
+pub struct MainConf {
+    /// Every `ratelimit_redis`, in the order written.
+    pub backends: Vec<Backend>,
+    pub zones: Vec<Zone>,
     /// This worker's remembered rejections, created on the first one. Indexed by zone, so it
     /// belongs to this configuration and goes with it on reload.
     pub deny_cache: RefCell<Option<DenyCache>>,
@@ -143,20 +166,28 @@ impl MainConf {
         self.local_size.unwrap_or(16 << 20) as usize
     }
 
-    /// This worker's way to Redis for this configuration, made on first use; `None` without
-    /// `ratelimit_redis`.
-    pub fn pool(&self) -> Option<&'static mut WorkerPool> {
-        let redis = self.redis.as_ref()?;
-        WorkerPool::get(&self.pool, redis, self.metrics.get())
+    /// This worker's way to backend `b`, made on first use; `None` for a zone without one.
+    pub fn pool(&self, b: usize) -> Option<&'static mut WorkerPool> {
+        let backend = self.backends.get(b)?;
+        WorkerPool::get(&backend.pool, &backend.redis, self.metrics.get())
+    }
+
+    /// What `ratelimit_redis` says of backend `b`.
+    pub fn redis(&self, b: usize) -> Option<&RedisConf> {
+        self.backends.get(b).map(|x| &x.redis)
+    }
+
+    /// The backend of zone `zone`.
+    pub fn zone_redis(&self, zone: usize) -> Option<&RedisConf> {
+        self.redis(self.zones[zone].backend)
     }
 }
 
 impl Default for MainConf {
     fn default() -> Self {
         MainConf {
-            redis: None,
+            backends: Vec::new(),
             zones: Vec::new(),
-            pool: Cell::new(ptr::null_mut()),
             deny_cache: RefCell::new(None),
             leases: RefCell::new(None),
             slots: RefCell::new(None),
@@ -209,6 +240,9 @@ pub struct LocConf {
     /// Some zone of the location is one a request may wait for (`delay=` on any of its lines):
     /// its decisions carry every zone's longest wait.
     pub delaying: bool,
+    /// Its zones live on several backends: a decision is asked of each, all at once, and the
+    /// lines are kept grouped by backend, in the order written otherwise.
+    pub several: bool,
 }
 
 impl LocConf {
@@ -268,12 +302,20 @@ pub unsafe extern "C" fn merge_loc_conf(
     };
     let Some(mcf) = RateLimit::main_conf(&*cf) else { return NGX_CONF_ERROR as _ };
     for limit in limits.iter_mut() {
-        if mcf.redis.is_none() {
-            return fail(cf, limit, "ratelimit \"%s\" is used but \"ratelimit_redis\" is not set");
-        }
         match mcf.zones.iter().position(|z| z.name == limit.name) {
             Some(i) => limit.zone = i,
             None => return fail(cf, limit, "unknown ratelimit zone \"%s\""),
+        }
+        if mcf.zones[limit.zone].backend == NO_BACKEND {
+            let what = match mcf.backends.is_empty() {
+                true => "ratelimit \"%s\" is used but \"ratelimit_redis\" is not set",
+                false => {
+                    "ratelimit \"%s\" is used but its zone has no \"redis=\" and every \
+                     \"ratelimit_redis\" has a \"name=\": give the zone \"redis=NAME\" or declare \
+                     a \"ratelimit_redis\" without \"name=\""
+                }
+            };
+            return fail(cf, limit, what);
         }
         if let Some(why) = limit.settle.and_then(|_| cannot_settle(&mcf.zones[limit.zone], limit)) {
             return fail(cf, limit, &format!("ratelimit \"%s\" {why}"));
@@ -287,11 +329,26 @@ pub unsafe extern "C" fn merge_loc_conf(
             );
         }
     }
+    let backend = |l: &LimitRef| mcf.zones[l.zone].backend;
+    conf.several = limits.iter().any(|l| backend(l) != backend(&limits[0]));
+    if conf.several {
+        limits.sort_by_key(backend);
+    }
     let delayed = {
         let names = mcf.delayed_zones.borrow();
         limits.iter().find(|l| names.contains(&l.name)).map(|l| l.name.clone())
     };
     conf.delaying = delayed.is_some();
+    if let (Some(delayed), true) = (&delayed, conf.several) {
+        let limit = limits.iter().find(|l| &l.name == delayed).unwrap_or(&limits[0]);
+        return fail(
+            cf,
+            limit,
+            "ratelimit \"%s\" may delay requests (delay=), but the zones of this location live on \
+             several Redis backends (redis=), whose decisions cannot record a request at one later \
+             instant together; give the delaying zones a location of their own, or one backend",
+        );
+    }
     if let Some(delayed) = delayed {
         for limit in limits.iter() {
             let zone = &mcf.zones[limit.zone];
@@ -355,26 +412,31 @@ unsafe fn warn_mixed_leases(cf: *mut ngx_conf_t, mcf: &MainConf, limits: &[Limit
 }
 
 /// On a Cluster, zones decided together must share a slot, or each of their decisions is
-/// refused: warn where that cannot hold, once, at the first `ratelimit` line of the level.
+/// refused: warn where that cannot hold, once per backend, at the first `ratelimit` line of the
+/// level. Zones on different backends are decided apart and need nothing in common.
 unsafe fn warn_cross_slot(cf: *mut ngx_conf_t, mcf: &MainConf, limits: &[LimitRef]) {
-    let Some(redis) = mcf.redis.as_ref().filter(|r| r.cluster) else { return };
-    if limits.len() < 2 || prefix_tag(&redis.prefix) {
-        return;
+    for (b, backend) in mcf.backends.iter().enumerate() {
+        let redis = &backend.redis;
+        let limits: Vec<&LimitRef> =
+            limits.iter().filter(|l| mcf.zones[l.zone].backend == b).collect();
+        if !redis.cluster || limits.len() < 2 || prefix_tag(&redis.prefix) {
+            continue;
+        }
+        let tags: Vec<_> = limits.iter().map(|l| mcf.zones[l.zone].tag.as_ref()).collect();
+        if tags.iter().all(|t| t.is_some() && *t == tags[0]) {
+            continue;
+        }
+        let names: Vec<_> = limits.iter().map(|l| format!("\"{}\"", l.name)).collect();
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            (*cf).log,
+            "ratelimit zones {} have no common hash tag in their keys: with \"cluster=on\" their \
+             decisions follow ratelimit_fail, in {}:{}",
+            names.join(", "),
+            limits[0].file,
+            limits[0].line
+        );
     }
-    let tags: Vec<_> = limits.iter().map(|l| mcf.zones[l.zone].tag.as_ref()).collect();
-    if tags.iter().all(|t| t.is_some() && *t == tags[0]) {
-        return;
-    }
-    let names: Vec<_> = limits.iter().map(|l| format!("\"{}\"", l.name)).collect();
-    ngx_log_error!(
-        NGX_LOG_WARN,
-        (*cf).log,
-        "ratelimit zones {} have no common hash tag in their keys: with \"cluster=on\" their \
-         decisions follow ratelimit_fail, in {}:{}",
-        names.join(", "),
-        limits[0].file,
-        limits[0].line
-    );
 }
 
 /// Logs with the `ratelimit` line's own position: `ngx_conf_log_error` would point at the end

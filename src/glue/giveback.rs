@@ -70,10 +70,10 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
             return leases.drain();
         }
         // Reservations whose key's tracking was lost are checked once it can be had again.
-        if let Some(pool) = mcf.pool() {
-            leases.verify_unverified(now, |key| pool.track(&[key]));
-        }
-        leases.sweep(now, mcf.redis.as_ref().map_or(0, |r| r.timeout as u64))
+        leases.verify_unverified(now, |zone, key| track(mcf, zone, key));
+        // The longest: a check on its way is given up only once no backend can still answer.
+        let timeout = mcf.backends.iter().map(|b| b.redis.timeout as u64).max().unwrap_or(0);
+        leases.sweep(now, timeout)
     });
     send(mcf, back.into_iter().flatten());
     renew(mcf, now);
@@ -99,29 +99,29 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
 /// Sends a renewal for every slot due and a release for every orphan: decisions of their own,
 /// queued in this one tick, so that the pool writes them together.
 fn renew(mcf: &MainConf, now: u64) {
-    let due: Vec<(What, EncodedArgs)> = {
+    let due: Vec<(What, usize, EncodedArgs)> = {
         let mut slots = mcf.slots.borrow_mut();
         let Some(slots) = slots.as_mut() else { return };
         let mut due = Vec::new();
         for id in slots.due(now) {
             if let Some(h) = slots.get(id) {
                 let args = EncodedArgs::slot_op(SlotOp::Renew, &h.slot_ref());
-                due.push((What::Renew { zone: h.zone, id }, args));
+                due.push((What::Renew { zone: h.zone, id }, h.zone, args));
             }
         }
         let mut lapsed = Vec::new();
         for id in slots.orphans_due(now, &mut lapsed) {
             if let Some(h) = slots.orphan_slot(id) {
                 let args = EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref());
-                due.push((What::Orphan { id }, args));
+                due.push((What::Orphan { id }, h.zone, args));
             }
         }
         let metrics = mcf.metrics.get();
         lapsed.into_iter().for_each(|zone| metrics.slot(zone, SlotEvent::Lapsed));
         due
     };
-    for (what, args) in due {
-        if let Err(what) = submit_one(mcf, what, args) {
+    for (what, zone, args) in due {
+        if let Err(what) = submit_one(mcf, what, zone, args) {
             // Not even queued (Redis known down): tried again at the next tick.
             answered(mcf, &what, None);
         }
@@ -155,10 +155,10 @@ pub fn release(mcf: &MainConf, id: u64) {
         let Some(orphan) = slots.release(id, unsafe { ngx_current_msec } as u64) else { return };
         slots
             .orphan_slot(orphan)
-            .map(|h| (orphan, EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref())))
+            .map(|h| (orphan, h.zone, EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref())))
     };
-    let Some((orphan, args)) = sent else { return };
-    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, args) {
+    let Some((orphan, zone, args)) = sent else { return };
+    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, zone, args) {
         answered(mcf, &what, None);
     }
     arm(mcf);
@@ -194,7 +194,8 @@ pub fn settle(mcf: &MainConf, settlements: impl IntoIterator<Item = Pending>) {
         } else {
             EncodedArgs::give_back(&g, zone.algorithm)
         };
-        if let Err(What::Settle(p)) = submit_one(mcf, What::Settle(p), args) {
+        let zone = p.place.zone;
+        if let Err(What::Settle(p)) = submit_one(mcf, What::Settle(p), zone, args) {
             keep_settlement(mcf, p);
         }
     }
@@ -249,6 +250,8 @@ struct Returning {
     args: EncodedArgs,
     retries: Retries,
     mcf: *const MainConf,
+    /// Where it goes: its zone's backend.
+    backend: usize,
 }
 
 /// Sends each give-back as a decision of its own; replies are not waited for by anyone.
@@ -259,7 +262,7 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
         let args = EncodedArgs::give_back(&g, zone.algorithm);
         // Refused at once (Redis known down): the units lapse, as the guarantee allows.
-        let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, args);
+        let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, g.zone, args);
     }
 }
 
@@ -267,14 +270,21 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
 /// cannot be had leaves the reservation unspent until it expires.
 pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
     let args = EncodedArgs::check(key, c.rid);
-    if let Err(what) = submit_one(mcf, What::Check { check: c, key: key.into() }, args) {
+    if let Err(what) = submit_one(mcf, What::Check { check: c, key: key.into() }, c.zone, args) {
         answered(mcf, &what, None);
     }
 }
 
-/// Queues one decision sent without a request; gives `what` back if the pool refused it at once.
-fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> Result<(), What> {
-    let Some(redis) = mcf.redis.as_ref() else { return Err(what) };
+/// Whether `key` of `zone` is tracked on its backend from now on.
+pub fn track(mcf: &MainConf, zone: usize, key: &[u8]) -> bool {
+    mcf.pool(mcf.zones[zone].backend).is_some_and(|p| p.track(&[key]))
+}
+
+/// Queues one decision sent without a request, to `zone`'s backend; gives `what` back if the
+/// pool refused it at once.
+fn submit_one(mcf: &MainConf, what: What, zone: usize, args: EncodedArgs) -> Result<(), What> {
+    let backend = mcf.zones[zone].backend;
+    let Some(redis) = mcf.redis(backend) else { return Err(what) };
     let r = Box::into_raw(Box::new(Returning {
         what,
         waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
@@ -283,6 +293,7 @@ fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> Result<(), What>
         args,
         retries: Retries::default(),
         mcf,
+        backend,
     }));
     // SAFETY: `r` is this function's until handed to the event loop below; it is freed once, by
     // `finish`, after which neither the pool nor a timer holds it.
@@ -292,7 +303,7 @@ fn submit_one(mcf: &MainConf, what: What, args: EncodedArgs) -> Result<(), What>
         ret.ev.handler = Some(on_reply);
         ret.ev.data = r as *mut c_void;
         ret.ev.log = (*ngx_cycle).log;
-        if !submit(mcf.pool(), &mut ret.waiter, ret.args.call()) {
+        if !submit(mcf.pool(backend), &mut ret.waiter, ret.args.call()) {
             return Err(Box::from_raw(r).what);
         }
         ngx_add_timer(&mut ret.ev, redis.timeout);
@@ -317,7 +328,7 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
     }
     // NOSCRIPT after a Redis restart, a Cluster redirection: sent again within the deadline.
     if let Follow::Resent =
-        follow(|| mcf.pool(), &mut ret.waiter, ret.args.call(), &mut ret.retries)
+        follow(|| mcf.pool(ret.backend), &mut ret.waiter, ret.args.call(), &mut ret.retries)
     {
         return;
     }
@@ -358,9 +369,7 @@ fn answered(
             let Some(leases) = leases.as_mut() else { return };
             // A change heard while the check was on its way: checked again, starting with the
             // key's tracking; where that cannot be had, the reservation goes.
-            if leases.checked(key, check, present, now)
-                && !mcf.pool().is_some_and(|p| p.track(&[key]))
-            {
+            if leases.checked(key, check, present, now) && !track(mcf, check.zone, key) {
                 leases.revoke(mcf.zones.len(), key);
             }
         }

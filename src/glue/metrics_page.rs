@@ -35,7 +35,7 @@ pub unsafe extern "C" fn handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     let json = ngx_http_arg(r, c"format".as_ptr() as *mut u8, 6, &mut arg) == NGX_OK as ngx_int_t
         && arg.as_bytes() == b"json";
     let zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
-    let server = mcf.redis.as_ref().map_or("", |r| r.name.as_str());
+    let server = mcf.redis(0).map_or("", |r| r.name.as_str());
     let labels = Labels { zones: &zones, server };
     let body = match mcf.metrics.get().snapshot() {
         Some(cells) => {

@@ -73,7 +73,7 @@ unsafe extern "C" fn init_zone(zone: *mut ngx_shm_zone_t, old: *mut c_void) -> n
         mcf.zones.iter().filter(|z| z.concurrency()).map(|z| format!("{}/slots", z.name)).collect();
     let mut zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
     zones.extend(slot_names.iter().map(String::as_str));
-    let server = mcf.redis.as_ref().map_or("", |r| r.name.as_str());
+    let server = mcf.redis(0).map_or("", |r| r.name.as_str());
     // SAFETY: the master alone sets up cycles, one at a time.
     let cells = if dir.is_null() { None } else { store::attach(dir, &mut slab, &zones, server) };
     match cells {

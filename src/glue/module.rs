@@ -69,11 +69,31 @@ unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *
         );
         return NGX_CONF_ERROR as _;
     }
+    // Zones find their backends, declared before or after them.
+    for z in mcf.zones.iter_mut() {
+        let name = z.redis_name.as_deref().unwrap_or("");
+        match mcf.backends.iter().position(|b| b.redis.backend == name) {
+            Some(b) => z.backend = b,
+            // A zone no line uses needs no backend: `merge_loc_conf` says so of one that is used.
+            None if z.redis_name.is_none() => {}
+            None => {
+                let (file, line) = &z.at;
+                ngx_log_error!(
+                    NGX_LOG_EMERG,
+                    (*cf).log,
+                    "\"ratelimit_zone\" directive \"{}\": unknown \"redis={name}\": no \
+                     \"ratelimit_redis\" has \"name={name}\" in {file}:{line}",
+                    z.name
+                );
+                return NGX_CONF_ERROR as _;
+            }
+        }
+    }
     // A slot must outlive a renewal that times out, and the next one: checked once both
     // `ratelimit_redis` and the zones are read, whatever their order.
-    let timeout = mcf.redis.as_ref().map_or(0, |r| r.timeout as u64);
-    let least = crate::decide::slots::min_life_for(timeout);
     for z in mcf.zones.iter_mut().filter(|z| z.concurrency()) {
+        let timeout = mcf.backends.get(z.backend).map_or(0, |b| b.redis.timeout as u64);
+        let least = crate::decide::slots::min_life_for(timeout);
         // No lease_time=: the default, or longer if the timeout asks for it.
         if let Param::Fixed(0) = z.window {
             z.window = Param::Fixed(crate::decide::slots::DEFAULT_SLOT_MS.max(least));
@@ -127,8 +147,10 @@ pub static mut ngx_http_ratelimit_module: ngx_module_t = ngx_module_t {
 /// decision.)
 unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     if let Some(mcf) = RateLimit::main_conf(&*cycle) {
-        if mcf.redis.as_ref().is_some_and(|r| r.sentinel.is_some()) {
-            mcf.pool();
+        for (b, backend) in mcf.backends.iter().enumerate() {
+            if backend.redis.sentinel.is_some() {
+                mcf.pool(b);
+            }
         }
     }
     Status::NGX_OK.into()
@@ -138,7 +160,9 @@ unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 /// graceful exit or reload logs no "open socket left" alert.
 unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     if let Some(mcf) = RateLimit::main_conf(&*cycle) {
-        WorkerPool::destroy(&mcf.pool);
+        for backend in &mcf.backends {
+            WorkerPool::destroy(&backend.pool);
+        }
         crate::glue::giveback::exit();
         // The gauge sums the workers' caches: this one's entries go with it.
         let entries = mcf.deny_cache.borrow().as_ref().map_or(0, |c| c.len());

@@ -30,6 +30,9 @@ pub struct SentinelConf {
 }
 
 pub struct RedisConf {
+    /// `name=`: the backend's name, which `ratelimit_zone ... redis=` picks; empty for the
+    /// unnamed one, the default of zones that name none.
+    pub backend: String,
     /// Points into the configuration cycle's pool, which outlives every worker's use.
     pub sockaddr: *mut sockaddr,
     pub socklen: socklen_t,
@@ -62,7 +65,8 @@ pub struct RedisConf {
 }
 
 /// The parameter names of `ratelimit_redis` (TLS aside), for naming a lone word in errors.
-const REDIS_PARAMS: [&str; 14] = [
+const REDIS_PARAMS: [&str; 15] = [
+    "name",
     "pool_size",
     "timeout",
     "connect_timeout",
@@ -109,6 +113,7 @@ impl<'a> Builder<'a> {
     pub fn new(seeds: Vec<SeedAddr>, script: &'static Script) -> Self {
         let first = &seeds[0];
         let conf = RedisConf {
+            backend: String::new(),
             sockaddr: first.sockaddr,
             socklen: first.socklen,
             name: first.name.clone(),
@@ -148,6 +153,7 @@ impl<'a> Builder<'a> {
             None => {}
         }
         let ok = match name {
+            "name" => valid_name(value).then(|| conf.backend = value.to_owned()),
             "pool_size" => parse_uint(value, 1, 4096).map(|n| conf.pool_size = n as usize),
             "timeout" => parse_msec(value).filter(|&t| t > 0).map(|t| conf.timeout = t as _),
             "connect_timeout" => {
@@ -209,9 +215,17 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// A backend's name: what `redis=` may write and a metrics label may carry.
+fn valid_name(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 64
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// The range of a number parameter of `ratelimit_redis`, for its error.
 fn range(name: &str) -> &'static str {
     match name {
+        "name" => ", it must be 1 to 64 letters, digits, \"_\" or \"-\"",
         "db" => {
             ", it must be 0..65535 (Redis itself has 16 databases, 0..15, unless its \
              \"databases\" says more)"

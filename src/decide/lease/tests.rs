@@ -151,7 +151,7 @@ fn check_of(l: &mut Leases, gone: bool) -> Check {
 fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_our_own() {
     let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-    assert!(l.changed(3, KEY, 0), "the key's tracking to renew");
+    assert!(l.changed(3, KEY, 0).is_some(), "the key's tracking to renew");
     assert_eq!(l.try_spend([ask(b"k", 1)], 10), None, "someone else's change: stopped");
     let c = check_of(&mut l, false);
     assert_eq!((c.zone, c.rid), (0, 7));
@@ -161,7 +161,7 @@ fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_ou
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some());
     // Redis answered this worker's own decision of the key: its write is the change told of.
     l.answered(&ask(b"k", 5));
-    assert!(l.changed(3, KEY, 10));
+    assert!(l.changed(3, KEY, 10).is_some());
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "spent during that check");
     let c = check_of(&mut l, false);
     // Of an older life (a reset, whoever re-created the key since): dropped, nothing back.
@@ -193,7 +193,7 @@ fn a_change_heard_during_a_check_is_checked_after_it() {
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.changed(3, KEY, 0);
     let first = check_of(&mut l, false);
-    assert!(!l.changed(3, KEY, 0), "not a second check at once");
+    assert!(l.changed(3, KEY, 0).is_none(), "not a second check at once");
     assert!(l.checked(KEY, first, Some(true), 0), "checked again: the tracking to renew");
     let again = check_of(&mut l, false);
     assert!(!l.checked(KEY, again, Some(false), 0), "that check finds a reset");
@@ -223,7 +223,7 @@ fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() 
 fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
     let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
-    assert!(l.changed(3, KEY, 100));
+    assert!(l.changed(3, KEY, 100).is_some());
     let _ = l.checks(3, KEY, true, 100);
     assert_eq!(l.try_spend([ask(b"k", 1)], 200), None);
     // The check unanswered for the whole timeout (300 ms): Redis is silent.
@@ -233,11 +233,11 @@ fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
     assert!(l.try_spend([ask(b"k", 1)], 400).is_some(), "spent while Redis is silent");
     // Tried again, spent meanwhile; at most once a second.
     let mut tracked = 0;
-    l.verify_unverified(400, |_| {
+    l.verify_unverified(400, |_, _| {
         tracked += 1;
         true
     });
-    l.verify_unverified(900, |_| panic!("not within a second"));
+    l.verify_unverified(900, |_, _| panic!("not within a second"));
     assert_eq!(tracked, 1);
     assert!(l.try_spend([ask(b"k", 1)], 450).is_some(), "a check in the background");
     let c = check_of(&mut l, false);
@@ -251,10 +251,10 @@ fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
     l.unverify_all();
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
-    l.verify_unverified(0, |_| false);
+    l.verify_unverified(0, |_, _| false);
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "still no tracking");
     let mut tracked = Vec::new();
-    l.verify_unverified(1000, |k| {
+    l.verify_unverified(1000, |_, k| {
         tracked.push(k.to_vec());
         true
     });
@@ -263,7 +263,7 @@ fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
     let c = check_of(&mut l, false);
     assert!(!l.checked(KEY, c, Some(true), 0));
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some());
-    l.verify_unverified(5000, |_| panic!("nothing left to check"));
+    l.verify_unverified(5000, |_, _| panic!("nothing left to check"));
 }
 
 #[test]

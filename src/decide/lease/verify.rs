@@ -3,7 +3,7 @@
 //! lost tracking leaves them spendable until they can be checked again.
 
 use super::{Check, Checking, Leases, RECHECK_MS};
-use crate::decide::table_key::{stored_key, TableKey};
+use crate::decide::table_key::{stored_key, stored_zone, TableKey};
 
 impl Leases {
     /// Reservations of `key` (a whole Redis key) in any of `zones` zones are dropped, nothing
@@ -23,11 +23,11 @@ impl Leases {
     /// renewed) is checked while they are spent on: every write of the key tells of a change, and a
     /// reservation stopped at each would hardly be spent (each stop sends a decision, whose
     /// write tells of the next change); a reset at that very moment is then found within the
-    /// check's two round trips. Returns whether the key's tracking is to be renewed (`EXISTS`),
-    /// which starts the check; a change heard during a check asks for another after it, which
-    /// does not stop the spending.
-    pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> bool {
-        let mut track = false;
+    /// check's two round trips. Returns a zone of the key whose tracking is to be renewed
+    /// (`EXISTS`, on that zone's backend), which starts the check; `None` when none is: a change
+    /// heard during a check asks for another after it, which does not stop the spending.
+    pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> Option<usize> {
+        let mut track = None;
         for zone in 0..zones {
             let Some(e) = self.entry(&TableKey::new(zone, &[key])) else { continue };
             let own = core::mem::take(&mut e.wrote);
@@ -35,7 +35,7 @@ impl Leases {
             if h.checking == Checking::No {
                 (h.checking, h.checking_since) = (Checking::Tracking, now);
                 h.suspect |= !own;
-                track = true;
+                track = Some(zone);
             } else {
                 h.recheck = true;
             }
@@ -94,12 +94,12 @@ impl Leases {
     /// Anything may have changed (`FLUSHALL`): every reservation is checked as one whose key
     /// was found gone, not spent until then, starting with its key's tracking (`track`); one
     /// whose tracking cannot be had goes.
-    pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+    pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(usize, &[u8]) -> bool) {
         for e in self.map.values_mut() {
             let Some(h) = e.held.as_mut() else { continue };
             if h.checking != Checking::No {
                 h.recheck = true;
-            } else if track(stored_key(&e.key)) {
+            } else if track(stored_zone(&e.key), stored_key(&e.key)) {
                 (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
             } else {
                 e.held = None;
@@ -121,7 +121,7 @@ impl Leases {
     /// spent on meanwhile, as they were while unchecked, and dropped if the check finds them of
     /// an older life. At most once per [`RECHECK_MS`], so that a silent Redis is not asked every
     /// tick.
-    pub fn verify_unverified(&mut self, now: u64, mut track: impl FnMut(&[u8]) -> bool) {
+    pub fn verify_unverified(&mut self, now: u64, mut track: impl FnMut(usize, &[u8]) -> bool) {
         if !self.unverified || now < self.verify_at {
             return;
         }
@@ -132,7 +132,7 @@ impl Leases {
             else {
                 continue;
             };
-            if track(stored_key(&e.key)) {
+            if track(stored_zone(&e.key), stored_key(&e.key)) {
                 (h.checking, h.checking_since) = (Checking::Tracking, now);
             } else {
                 left = true;

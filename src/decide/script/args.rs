@@ -31,9 +31,21 @@ pub struct ZoneArgs<'a> {
     /// without it). Every zone of such a decision sends one, as `<field>~<ms>`, and is answered
     /// with seven fields: a delayed request is recorded in each of them, to be given back.
     pub delay: Option<u64>,
-    /// `settle=`: the cost goes as a placement even when admitted now (`<field>!`), answered
-    /// with seven fields: its token and rid are what the settlement names.
-    pub place: bool,
+    /// Whether the cost goes as a placement even when admitted now, answered with seven fields:
+    /// its token and rid name it for a give-back.
+    pub place: Place,
+}
+
+/// Why a zone's cost is recorded as a placement even when admitted now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Place {
+    #[default]
+    No,
+    /// `settle=` (`<field>!`): the settlement, when the request ends, names it.
+    Settle,
+    /// A location on several backends (`<field>^`): given back at once when another backend
+    /// refuses the request, or never; Redis forgets its name after a few seconds.
+    Undo,
 }
 
 /// A decision's arguments: its zone keys, then `now (algorithm limit window cost burst)..`, one
@@ -72,7 +84,7 @@ impl EncodedArgs {
                 Algorithm::SlidingLog if z.member.is_some() => b"r",
                 a => a.code(),
             };
-            if z.lease.is_none() && z.delay.is_none() && !z.place {
+            if z.lease.is_none() && z.delay.is_none() && z.place == Place::No {
                 resp::put_bulk(&mut bytes, code);
             } else {
                 leased.resize(count, false);
@@ -85,9 +97,12 @@ impl EncodedArgs {
                 if let Some(ms) = z.delay {
                     field.push(b"~").num(ms);
                 }
-                if z.place {
-                    field.push(b"!");
-                }
+                let mark: &[u8] = match z.place {
+                    Place::Settle => b"!",
+                    Place::Undo => b"^",
+                    Place::No => b"",
+                };
+                field.push(mark);
                 resp::put_bulk(&mut bytes, field.get().unwrap_or(code));
             }
             resp::put_bulk_int(&mut bytes, z.limit);

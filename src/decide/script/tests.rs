@@ -24,7 +24,7 @@ fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
         member: None,
         lease: None,
         delay: None,
-        place: false,
+        place: Place::No,
     }
 }
 
@@ -150,10 +150,10 @@ fn a_location_that_may_delay_sends_every_zone_its_longest_wait_and_gets_seven_fi
 #[test]
 fn a_zone_that_settles_asks_for_a_placement_and_gets_seven_fields() {
     let mut z = zone(Key::new(b"rl:", b"tok", b"a"), Algorithm::SlidingCounter, 100);
-    z.place = true;
+    z.place = Place::Settle;
     let mut d = zone(Key::new(b"rl:", b"ip", b"b"), Algorithm::Gcra, 1);
     d.delay = Some(0);
-    d.place = true;
+    d.place = Place::Settle;
     let plain = zone(Key::new(b"rl:", b"day", b"c"), Algorithm::SlidingLog, 1);
     let args = EncodedArgs::new([z, d, plain].into_iter(), Some(9));
     let fields = ["3", "rl:tok:a", "rl:ip:b", "rl:day:c", "9", "c!", "100", "60000", "100", "0"];

@@ -213,7 +213,7 @@ unsafe extern "C" fn cmd_admin(
         return NGX_CONF_ERROR as _;
     };
     let zone = mcf.zones.iter().position(|z| z.name == name);
-    let (Some(zone), Some(_)) = (zone, mcf.redis.as_ref()) else {
+    let (Some(zone), false) = (zone, mcf.backends.is_empty()) else {
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
             cf,

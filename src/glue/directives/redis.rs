@@ -2,7 +2,9 @@
 //! for DNS), and its parameters, which `crate::redis::conf` reads and checks; the TLS context
 //! made from them. Errors are worded here, as nginx words its own.
 
+use core::cell::Cell;
 use core::ffi::{c_char, c_void};
+use core::ptr;
 
 use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
@@ -14,7 +16,7 @@ use super::{args, invalid, invalid_because, text, unknown, IS_DUPLICATE};
 use crate::codec::values::{split_param, unknown_param};
 use crate::decide::params::shown_address;
 use crate::decide::script;
-use crate::glue::conf::MainConf;
+use crate::glue::conf::{Backend, MainConf};
 use crate::redis::conf::{self as redis_conf, Builder, ParamError, SeedAddr};
 use crate::redis::tls;
 
@@ -24,9 +26,6 @@ pub(super) unsafe extern "C" fn cmd_redis(
     conf: *mut c_void,
 ) -> *mut c_char {
     let mcf = &mut *(conf as *mut MainConf);
-    if mcf.redis.is_some() {
-        return IS_DUPLICATE;
-    }
     let args = args(cf);
     // Addresses first (seeds of a Cluster, sentinels), then `name=value` parameters.
     let addrs = args[1..].iter().take_while(|a| split_param(text(a)).is_none()).count();
@@ -68,7 +67,22 @@ pub(super) unsafe extern "C" fn cmd_redis(
         Ok(t) => redis.tls = t,
         Err(tls::Logged) => return NGX_CONF_ERROR as _,
     }
-    mcf.redis = Some(redis);
+    if let Some(first) = mcf.backends.iter().find(|b| b.redis.backend == redis.backend) {
+        if redis.backend.is_empty() {
+            return IS_DUPLICATE;
+        }
+        let (file, line) = &first.at;
+        ngx_conf_log_error!(
+            NGX_LOG_EMERG,
+            cf,
+            "\"ratelimit_redis\" name=\"{}\" is declared twice, first in {file}:{line}; give \
+             each backend a name of its own",
+            redis.backend
+        );
+        return NGX_CONF_ERROR as _;
+    }
+    let at = (text(&(*(*cf).conf_file).file.name).to_owned(), (*(*cf).conf_file).line);
+    mcf.backends.push(Backend { redis, pool: Cell::new(ptr::null_mut()), at });
     NGX_CONF_OK
 }
 

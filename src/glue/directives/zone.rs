@@ -20,7 +20,7 @@ use crate::decide::params::{
 use crate::decide::quota::{parse_offset, Period, PeriodKind};
 use crate::decide::script::Algorithm;
 use crate::decide::slots::MIN_SLOT_MS;
-use crate::glue::conf::{Clock, KeyPiece, MainConf, Param, Zone};
+use crate::glue::conf::{Clock, KeyPiece, MainConf, Param, Zone, NO_BACKEND};
 
 pub(super) unsafe extern "C" fn cmd_zone(
     cf: *mut ngx_conf_t,
@@ -45,7 +45,7 @@ pub(super) unsafe extern "C" fn cmd_zone(
     let (mut key_pieces, mut tag, mut key_text) = (Vec::new(), None, Vec::new());
     let (mut algorithm, mut burst, mut exact_key) = (None, None, false);
     let (mut period, mut offset_min, mut missing, mut status) = (None, None, None, None);
-    let mut member = None;
+    let (mut member, mut redis_name) = (None, None);
     let (mut lease, mut lease_time, mut lease_time_text) = (None, None, "");
     for (i, arg) in args.iter().enumerate().skip(2) {
         let s = text(arg);
@@ -77,6 +77,8 @@ pub(super) unsafe extern "C" fn cmd_zone(
             }
             .map(|c| clock = c),
             "exact_key" => parse_switch(value).map(|e| exact_key = e),
+            // Checked against the backends once the whole `http{}` block is read.
+            "redis" => (!value.is_empty()).then(|| redis_name = Some(value.to_owned())),
             "member" => match value {
                 "request_id" => {
                     let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
@@ -297,6 +299,8 @@ pub(super) unsafe extern "C" fn cmd_zone(
         lease,
         at: (text(&(*(*cf).conf_file).file.name).to_owned(), (*(*cf).conf_file).line),
         table_head: OnceCell::new(),
+        redis_name,
+        backend: NO_BACKEND,
     });
     NGX_CONF_OK
 }

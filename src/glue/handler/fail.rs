@@ -15,48 +15,109 @@ use crate::decide::status::Status;
 use crate::glue::conf::{worker_processes, FailPolicy, LocConf, MainConf};
 use crate::redis::pool::RedisError;
 
+use core::ops::Range;
+
+use crate::decide::lease::Grant;
+use crate::decide::script::{Decision, ZoneVerdict};
+
 use super::{record, Ctx, ZoneReq};
 
 /// Applies the fail policy; the reason is logged at most once a second per worker.
 pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure: Failure) {
-    let mut no_room = false;
-    ctx.status = match lcf.fail() {
-        FailPolicy::Open => Status::FailedOpen,
-        FailPolicy::Closed => Status::FailedClosed,
-        // A bad limit or cost leaves nothing to enforce locally: closed, never unlimited.
-        FailPolicy::Local if matches!(failure, Failure::BadValue(..)) => Status::FailedClosed,
-        // A key that cannot be counted is refused: admitting it would leave it unlimited.
-        FailPolicy::Local => decide_locally(ctx, lcf, mcf).unwrap_or_else(|| {
-            no_room = true;
-            Status::FailedClosed
-        }),
+    let n = ctx.zones.len();
+    let (status, d, no_room) = policy(ctx, lcf, mcf, 0..n, &failure);
+    if matches!(status, Status::PassedLocal | Status::RejectedLocal) {
+        record(ctx, &d);
+    }
+    ctx.status = status;
+    log_failure(ctx, status, no_room, &failure, "");
+}
+
+/// With several backends, what the policy makes of the zones `range` of `backend`, which could
+/// not decide, beside the others' decisions: their verdicts, and the status they stand for.
+pub(super) unsafe fn stand_in(
+    ctx: &mut Ctx,
+    lcf: &LocConf,
+    mcf: &MainConf,
+    range: Range<usize>,
+    backend: usize,
+    failure: Failure,
+) -> (Status, Decision) {
+    let (status, d, no_room) = policy(ctx, lcf, mcf, range, &failure);
+    let name = mcf.redis(backend).map_or("", |r| r.backend.as_str());
+    log_failure(ctx, status, no_room, &failure, name);
+    (status, d)
+}
+
+/// The location's `ratelimit_fail` for the zones `range`: its status and its verdicts (an
+/// open zone never the one that describes the decision), and whether a local decision had no
+/// room for a new key.
+unsafe fn policy(
+    ctx: &mut Ctx,
+    lcf: &LocConf,
+    mcf: &MainConf,
+    range: Range<usize>,
+    failure: &Failure,
+) -> (Status, Decision, bool) {
+    let stand = |ok: bool| {
+        let remaining = if ok { u64::MAX } else { 0 };
+        let v = ZoneVerdict { ok, remaining, reset_ms: 0, grant: Grant::default() };
+        Decision { allowed: ok, wait_ms: 0, zones: vec![v; range.len()] }
     };
-    // Bad variable values (per figure and zone) and a full local table have their own
-    // throttles: an outage must not hide them, nor they it, nor one bad figure another.
+    match lcf.fail() {
+        FailPolicy::Open => (Status::FailedOpen, stand(true), false),
+        FailPolicy::Closed => (Status::FailedClosed, stand(false), false),
+        // A bad limit or cost leaves nothing to enforce locally: closed, never unlimited.
+        FailPolicy::Local if matches!(failure, Failure::BadValue(..)) => {
+            (Status::FailedClosed, stand(false), false)
+        }
+        // A key that cannot be counted is refused: admitting it would leave it unlimited.
+        FailPolicy::Local => match decide_locally(ctx, lcf, mcf, range.clone()) {
+            Some((status, d)) => (status, d, false),
+            None => (Status::FailedClosed, stand(false), true),
+        },
+    }
+}
+
+/// The failure's log line, `backend` named when it has a name: bad variable values (per figure
+/// and zone) and a full local table have their own throttles: an outage must not hide them,
+/// nor they it, nor one bad figure another.
+unsafe fn log_failure(ctx: &Ctx, status: Status, no_room: bool, failure: &Failure, backend: &str) {
     let now = ngx_current_msec as u64;
-    let logged = match failure {
+    let logged = match *failure {
         Failure::BadValue(what, zone, ..) => {
             (*ptr::addr_of_mut!(BAD_VALUE_LOG)).allow((what, zone), now)
         }
         _ if no_room => (*ptr::addr_of_mut!(NO_ROOM_LOG)).allow((), now),
-        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow((), now),
+        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow(backend_key(backend), now),
     };
-    if logged {
-        let outcome = match ctx.status {
-            _ if no_room => {
-                "rejected by ratelimit_fail local: no room for a new key in \
-                 ratelimit_fail_local_size"
-            }
-            Status::FailedOpen => "passed by ratelimit_fail",
-            Status::FailedClosed => "rejected by ratelimit_fail",
-            _ => "decided by this worker alone by ratelimit_fail",
-        };
+    if !logged {
+        return;
+    }
+    let outcome = match status {
+        _ if no_room => {
+            "rejected by ratelimit_fail local: no room for a new key in \
+             ratelimit_fail_local_size"
+        }
+        Status::FailedOpen => "passed by ratelimit_fail",
+        Status::FailedClosed => "rejected by ratelimit_fail",
+        _ => "decided by this worker alone by ratelimit_fail",
+    };
+    let log = (*(*ctx.r).connection).log;
+    if backend.is_empty() {
+        ngx_log_error!(NGX_LOG_ERR, log, "ratelimit: {failure}, request {outcome}");
+    } else {
         ngx_log_error!(
             NGX_LOG_ERR,
-            (*(*ctx.r).connection).log,
-            "ratelimit: {failure}, request {outcome}"
+            log,
+            "ratelimit: backend \"{backend}\": {failure}, its zones {outcome}"
         );
     }
+}
+
+/// A backend's own throttle of its failure lines: one backend's outage must not hide another's.
+fn backend_key(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 /// `ratelimit_fail local`: this worker's share of each zone, from its own memory: a rate zone's
@@ -64,17 +125,22 @@ pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure:
 /// (a request rejected by one holds nothing and is charged nothing in the others, as with Redis).
 /// The share becomes the zones' limit for this request, so headers and variables report what
 /// was enforced. `None` when a key is new and the table is full of counters that still count.
-unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option<Status> {
+unsafe fn decide_locally(
+    ctx: &mut Ctx,
+    lcf: &LocConf,
+    mcf: &MainConf,
+    range: Range<usize>,
+) -> Option<(Status, Decision)> {
     let share = lcf.fail_local_share().unwrap_or_else(|| worker_processes());
-    for z in ctx.zones.iter_mut() {
+    for z in ctx.zones[range.clone()].iter_mut() {
         z.limit = (z.limit / share).max(1);
     }
+    let zones = &ctx.zones[range];
     let conc = |z: &ZoneReq| mcf.zones[z.zone].concurrency();
-    let keys: Vec<Vec<u8>> = ctx.zones.iter().map(|z| z.key.parts().concat()).collect();
+    let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
     let mut slots = mcf.slots.borrow_mut();
     let slots = slots.get_or_insert_with(Slots::new);
-    let parts: Vec<LocalPart> = ctx
-        .zones
+    let parts: Vec<LocalPart> = zones
         .iter()
         .zip(&keys)
         .map(|(z, key)| match conc(z) {
@@ -89,8 +155,7 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option
         LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
         LocalPart::Rate { .. } => true,
     });
-    let rates: Vec<LocalZone<'_>> = ctx
-        .zones
+    let rates: Vec<LocalZone<'_>> = zones
         .iter()
         .filter(|z| !conc(z))
         .map(|z| LocalZone {
@@ -111,13 +176,12 @@ unsafe fn decide_locally(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> Option
     };
     let d = local_decision(&parts, rate.as_ref());
     if d.allowed {
-        for (z, key) in ctx.zones.iter().zip(keys).filter(|(z, _)| conc(z)) {
+        for (z, key) in zones.iter().zip(keys).filter(|(z, _)| conc(z)) {
             slots.local_take(z.zone, &key);
             ctx.local_slots.push((z.zone, key));
         }
     }
-    record(ctx, &d);
-    Some(if d.allowed { Status::PassedLocal } else { Status::RejectedLocal })
+    Some((if d.allowed { Status::PassedLocal } else { Status::RejectedLocal }, d))
 }
 
 /// Why a decision failed; formatted only when it is logged, not once per request of an outage.
@@ -158,6 +222,6 @@ impl core::fmt::Display for Failure {
 }
 
 /// Failure lines at most once a second per worker (and per figure and zone for bad values).
-static mut FAILURE_LOG: LogThrottle<()> = LogThrottle::new();
+static mut FAILURE_LOG: LogThrottle<u64> = LogThrottle::new();
 static mut BAD_VALUE_LOG: LogThrottle<(&'static str, usize)> = LogThrottle::new();
 static mut NO_ROOM_LOG: LogThrottle<()> = LogThrottle::new();

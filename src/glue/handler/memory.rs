@@ -78,9 +78,7 @@ pub(super) fn hear_changes(mcf: &MainConf) {
         }
         if let Some(leases) = leases.as_mut() {
             match f {
-                Forget::All => {
-                    leases.suspect_all(now, |key| mcf.pool().is_some_and(|p| p.track(&[key])))
-                }
+                Forget::All => leases.suspect_all(now, |zone, key| giveback::track(mcf, zone, key)),
                 Forget::Unheard => leases.unverify_all(),
                 // Gone or there, the answer is about the key, not about a reservation: one
                 // granted after a reset is of the new life, and only its rid can tell.
@@ -89,12 +87,12 @@ pub(super) fn hear_changes(mcf: &MainConf) {
                     let c = leases.checks(zones, key, gone, now);
                     checks.extend(c.into_iter().map(|c| (key.to_vec(), c)));
                 }
-                Forget::Key(key) if leases.changed(zones, key, now) => {
-                    if !mcf.pool().is_some_and(|p| p.track(&[key])) {
+                Forget::Key(key) => {
+                    let zone = leases.changed(zones, key, now);
+                    if zone.is_some_and(|zone| !giveback::track(mcf, zone, key)) {
                         leases.revoke(zones, key);
                     }
                 }
-                Forget::Key(_) => {}
             }
         }
     });
@@ -159,15 +157,16 @@ pub(super) fn answered(ctx: &Ctx, mcf: &MainConf) {
 /// Reservations Redis does not track for this worker live briefly only, as remembered
 /// rejections do: a reset of the key would go unheard.
 pub(super) fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
-    let Some(pool) = mcf.pool() else { return };
     let mut leases = mcf.leases.borrow_mut();
     let Some(leases) = leases.as_mut() else { return };
     for (z, v) in ctx.zones.iter().zip(d.zones.iter_mut()) {
         let mut grant = v.grant;
-        if grant.units == 0 {
+        // A zone that asked for none was granted a place (`settle=`, several backends), not units
+        // to spend.
+        if grant.units == 0 || z.lease.is_none() {
             continue;
         }
-        if !pool.track(&z.key.parts()) {
+        if !mcf.pool(mcf.zones[z.zone].backend).is_some_and(|p| p.track(&z.key.parts())) {
             grant.life_ms = grant.life_ms.min(UNTRACKED_DENIAL_MS);
         }
         let log = mcf.zones[z.zone].algorithm == Algorithm::SlidingLog;
@@ -182,9 +181,9 @@ pub(super) fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
 
 /// Notes the slots Redis granted an admitted request in its concurrency zones, so that the
 /// sweep renews them while it runs and `cleanup` releases them when it ends.
-pub(super) fn take_slots(ctx: &mut Ctx, mcf: &MainConf) {
+pub(super) fn take_slots(ctx: &mut Ctx, mcf: &MainConf, range: core::ops::Range<usize>) {
     let mut slots = mcf.slots.borrow_mut();
-    for z in ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()) {
+    for z in ctx.zones[range].iter().filter(|z| mcf.zones[z.zone].concurrency()) {
         let key = z.key.parts().concat();
         let Some(slot) = z.slot(&key) else { continue };
         // Renewals count from when the decision was sent: Redis scored the slot later.
@@ -220,7 +219,6 @@ pub(super) unsafe fn release_slots(ctx: &mut Ctx) {
 /// when Redis tracks the key for this worker (a change to it is heard of at once), briefly
 /// otherwise.
 pub(super) fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
-    let Some(pool) = mcf.pool() else { return };
     let mut cache = mcf.deny_cache.borrow_mut();
     let cache = cache.get_or_insert_with(|| DenyCache::new(DENY_CACHE_ENTRIES));
     let entries = cache.len();
@@ -232,7 +230,8 @@ pub(super) fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
             };
             // Not tracked yet (the tracker is connecting) or not at all (refused): a change
             // would go unheard, so it is answered from memory briefly only.
-            let kept_until_ms = match pool.track(&key.parts) {
+            let pool = mcf.pool(mcf.zones[z.zone].backend);
+            let kept_until_ms = match pool.is_some_and(|p| p.track(&key.parts)) {
                 true => until_ms,
                 false => ctx.started as u64 + UNTRACKED_DENIAL_MS,
             };

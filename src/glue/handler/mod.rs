@@ -22,7 +22,7 @@ use crate::decide::key::{cluster_value, Key, Piece};
 use crate::decide::lease::{Ask, Figures, GiveBack, Grant};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
-use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, SlotRef, ZoneArgs};
+use crate::decide::script::{self, Decision, EncodedArgs, Place, ReplyError, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
 use crate::decide::table_key::{TableHead, TableKey};
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
@@ -37,7 +37,7 @@ mod fail;
 mod memory;
 mod respond;
 
-use fail::{fail, Failure};
+use fail::{fail, stand_in, Failure};
 use memory::{
     admitted_from_reservations, answered, hear_changes, keep_reservations, rejected_from_memory,
     release_slots, remember_rejection, take_slots,
@@ -52,11 +52,10 @@ pub struct Ctx {
     /// Set once the decision has been returned to the phase engine; later passes (internal
     /// redirects) let the request through untouched, as limit_req does.
     applied: bool,
-    waiter: Waiter,
-    /// Fires on completion (posted) or at the decision's deadline (timer).
-    ev: ngx_event_t,
-    args: EncodedArgs,
-    retries: Retries,
+    /// The decision asked of the first (often the only) backend of the location's zones ...
+    part: Part,
+    /// ... and of each other one, asked at the same time (`LocConf::several`).
+    more: Box<[Part]>,
     /// When the decision was asked for: a rejection is remembered from then, so the memory
     /// never outlasts what Redis said.
     started: ngx_msec_t,
@@ -88,6 +87,44 @@ pub struct Ctx {
 // What a request waiting for its turn (`delay=`) holds besides nginx's own request: this context
 // and a give-back per zone (docs/delay.md states it).
 const _: () = assert!(size_of::<Ctx>() <= 512);
+
+/// One backend's share of a request's decision: its zones, `Ctx::zones[from..to]`, in one script
+/// call with its own deadline and retries.
+struct Part {
+    waiter: Waiter,
+    /// Fires on completion (posted) or at the decision's deadline (timer); for the first part,
+    /// also at the end of a delayed request's wait.
+    ev: ngx_event_t,
+    args: EncodedArgs,
+    retries: Retries,
+    backend: usize,
+    from: usize,
+    to: usize,
+    /// Its request's context, which holds it (in the request's pool, as long as the part).
+    ctx: *mut Ctx,
+    /// Its answer, or the failure that stands for one, is in.
+    done: bool,
+    /// Its keys are in different Cluster slots: not sent.
+    cross_slot: bool,
+}
+
+impl Part {
+    fn new(ctx: *mut Ctx, backend: usize, from: usize, to: usize) -> Self {
+        Part {
+            waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+            // SAFETY: all-zero is an idle event.
+            ev: unsafe { core::mem::zeroed() },
+            args: EncodedArgs::default(),
+            retries: Retries::default(),
+            backend,
+            from,
+            to,
+            ctx,
+            done: false,
+            cross_slot: false,
+        }
+    }
+}
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
 #[derive(Clone, Copy)]
@@ -127,7 +164,7 @@ impl ZoneReq {
         Some(&self.table_key).filter(|_| self.value().len() <= DENY_CACHE_MAX_KEY)
     }
 
-    fn args(&self, zone: &Zone) -> ZoneArgs<'static> {
+    fn args(&self, zone: &Zone, several: bool) -> ZoneArgs<'static> {
         let (limit, cost) = (self.limit, self.cost);
         let window_ms = zone.period.map_or(self.window_ms, Period::encode);
         ZoneArgs {
@@ -140,7 +177,12 @@ impl ZoneReq {
             member: self.member,
             lease: self.lease,
             delay: self.delay,
-            place: self.settle.is_some(),
+            place: match self.settle {
+                Some(_) => Place::Settle,
+                // Given back at once if another backend refuses the request.
+                None if several && zone.undoable() => Place::Undo,
+                None => Place::No,
+            },
         }
     }
 
@@ -194,7 +236,6 @@ pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t
 unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
     let Some(ctx) = new_ctx(r) else { return NGX_ERROR as ngx_int_t };
     let ctx = &mut *ctx.as_ptr();
-    let Some(redis) = mcf.redis.as_ref() else { return NGX_ERROR as ngx_int_t };
     ctx.started = ngx_current_msec;
     ctx.asked_ms = wall_ms();
     let Some(zones) = PoolVec::with_capacity(r, lcf.limits().len()) else {
@@ -208,6 +249,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
 
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
+        let Some(redis) = mcf.redis(zone.backend) else { return NGX_ERROR as ngx_int_t };
         let Some(value) = eval(r, zone.key) else { return NGX_ERROR as ngx_int_t };
         // An empty key is not limited, as in limit_req.
         if value.len == 0 {
@@ -306,22 +348,57 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     }
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
-    ctx.args = EncodedArgs::new(ctx.zones.iter().map(|z| z.args(&mcf.zones[z.zone])), now);
-
-    if redis.cluster && ctx.args.call().slot().is_none() {
-        // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
-        let zones = ctx.zones.iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
-        fail(ctx, lcf, mcf, Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
-        return apply(ctx, lcf, mcf);
+    let me: *mut Ctx = ctx;
+    let backend = |i: usize| mcf.zones[ctx.zones[i].zone].backend;
+    let (n, first) = (ctx.zones.len(), backend(0));
+    // Its zones are grouped by backend (`merge_loc_conf`): a part per group.
+    let split = if lcf.several { (1..n).find(|&i| backend(i) != first) } else { None };
+    if let Some(split) = split {
+        let mut more = Vec::new();
+        let mut from = split;
+        for i in split + 1..=n {
+            if i == n || backend(i) != backend(from) {
+                more.push(Part::new(me, backend(from), from, i));
+                from = i;
+            }
+        }
+        ctx.more = more.into_boxed_slice();
     }
-    if !submit(mcf.pool(), &mut ctx.waiter, ctx.args.call()) {
+    (ctx.part.backend, ctx.part.to) = (first, split.unwrap_or(n));
+    let sent = ask(&ctx.zones, &mut ctx.part, lcf, mcf, now);
+    for part in ctx.more.iter_mut() {
+        attach(&mut part.waiter, &mut part.ev, on_event, r);
+        ask(&ctx.zones, part, lcf, mcf, now);
+    }
+    if !sent && ctx.more.iter().all(|p| p.done) {
         decide(ctx, lcf, mcf);
         return apply(ctx, lcf, mcf);
     }
-    ngx_add_timer(&mut ctx.ev, redis.timeout);
     // Notice a client that goes away while it waits (499), as limit_req's delay does.
     (*r).read_event_handler = Some(ngx_http_test_reading);
     NGX_AGAIN as ngx_int_t
+}
+
+/// Sends a part of the request's decision to its backend; false when it is done at once (Redis
+/// known down, keys in different Cluster slots).
+unsafe fn ask(
+    zones: &[ZoneReq],
+    part: &mut Part,
+    lcf: &LocConf,
+    mcf: &MainConf,
+    now: Option<u64>,
+) -> bool {
+    let zones = zones[part.from..part.to].iter();
+    part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], lcf.several)), now);
+    let Some(redis) = mcf.redis(part.backend) else { return false };
+    // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
+    part.cross_slot = redis.cluster && part.args.call().slot().is_none();
+    if part.cross_slot || !submit(mcf.pool(part.backend), &mut part.waiter, part.args.call()) {
+        part.done = true;
+        return false;
+    }
+    ngx_add_timer(&mut part.ev, redis.timeout);
+    true
 }
 
 /// A key value for Redis Cluster, in the request's pool: only the braces of the configuration
@@ -385,10 +462,8 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         r,
         status: Status::Pending,
         applied: false,
-        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
-        ev: core::mem::zeroed(),
-        args: EncodedArgs::default(),
-        retries: Retries::default(),
+        part: Part::new(ctx.as_ptr(), 0, 0, 0),
+        more: Box::default(),
         started: 0,
         asked_ms: 0,
         zones: PoolVec::new(),
@@ -412,7 +487,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     (*anchor).handler = Some(release);
     (*anchor).data = ctx.as_ptr() as *mut c_void;
     let c = &mut *ctx.as_ptr();
-    attach(&mut c.waiter, &mut c.ev, on_event, r);
+    attach(&mut c.part.waiter, &mut c.part.ev, on_event, r);
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
     Some(ctx)
 }
@@ -465,16 +540,28 @@ unsafe extern "C" fn release(data: *mut c_void) {
 /// stays readable for the access log. Idempotent: it may run twice.
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
-    if let Some(token) = ctx.waiter.token.take() {
-        // On the wire already: Redis may grant its slots to no one.
-        if WorkerPool::cancel(token) {
-            orphan_slots(ctx);
+    let several = !ctx.more.is_empty();
+    for i in 0..=ctx.more.len() {
+        let part = &mut *part_ptr(ctx, i);
+        let range = part.from..part.to;
+        if let Some(token) = part.waiter.token.take() {
+            // On the wire already: Redis may grant its slots to no one.
+            if WorkerPool::cancel(token) {
+                orphan_slots(ctx, range);
+            }
+        } else if ctx.status == Status::Pending {
+            // Answered, the answer not read yet (its event still posted, or another backend's
+            // awaited): it may grant slots, and with several backends it may have placed units.
+            if let Some(reply) = part.waiter.result.take() {
+                orphan_slots(ctx, range.clone());
+                let answer = reply.ok().map(|reply| script::decode_reply(&reply, &part.args));
+                if let (true, Some(Ok(d))) = (several, answer) {
+                    undo(ctx, range, &d);
+                }
+            }
         }
-    } else if ctx.status == Status::Pending && ctx.waiter.result.take().is_some() {
-        // Answered, the answer not read yet (its event still posted): it may grant slots.
-        orphan_slots(ctx);
+        detach(&mut part.waiter, &mut part.ev);
     }
-    detach(&mut ctx.waiter, &mut ctx.ev);
     release_slots(ctx);
     if core::mem::take(&mut ctx.waiting) {
         // Gone before its turn: its places go back, as reservations' unspent units do.
@@ -489,22 +576,52 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
     }
 }
 
+/// Part `i` of the request's decision: the first, then the others.
+fn part_ptr(ctx: &mut Ctx, i: usize) -> *mut Part {
+    match i {
+        0 => &mut ctx.part,
+        i => &mut ctx.more[i - 1],
+    }
+}
+
+/// A backend admitted the request in the zones `range` while it is refused: what it placed
+/// there goes back at once, and the slots it granted are released.
+unsafe fn undo(ctx: &mut Ctx, range: core::ops::Range<usize>, d: &Decision) {
+    // SAFETY: the request's configuration outlives it (null only if it had none).
+    let Some(mcf) = ctx.mcf.as_ref() else { return };
+    if !d.allowed {
+        return;
+    }
+    let zones = &ctx.zones[range.clone()];
+    let placed = zones.iter().zip(&d.zones).filter(|(z, v)| {
+        let g = v.grant;
+        g.units > 0 && g.rid > 0 && z.lease.is_none()
+    });
+    let back = placed.map(|(z, v)| ZoneReq { placed: v.grant, ..*z }.give_back(v.grant.units));
+    giveback::send(mcf, back);
+    orphan_slots(ctx, range);
+}
+
 /// The request stops waiting for a decision Redis may still run (its client went away, its
-/// deadline passed, its connection was lost): a slot that decision grants is released by the
-/// sweep, instead of lapsing unrenewed.
-unsafe fn orphan_slots(ctx: &Ctx) {
+/// deadline passed, its connection was lost), or another backend refused what one admitted: a
+/// slot granted in the zones `range` is released by the sweep, instead of lapsing unrenewed.
+unsafe fn orphan_slots(ctx: &Ctx, range: core::ops::Range<usize>) {
     // SAFETY: the request's configuration outlives it (null only if it had none).
     let Some(mcf) = ctx.mcf.as_ref() else { return };
     let zones: Vec<&ZoneReq> =
-        ctx.zones.iter().filter(|z| mcf.zones[z.zone].concurrency()).collect();
+        ctx.zones[range].iter().filter(|z| mcf.zones[z.zone].concurrency()).collect();
+    if zones.is_empty() {
+        return;
+    }
     let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
     let slots = zones.iter().zip(&keys).filter_map(|(z, key)| Some((z.zone, z.slot(key)?)));
     giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 
-/// Completion or deadline of a pending decision, or the end of a delayed request's wait.
+/// Completion or deadline of a part of a pending decision, or the end of a delayed request's wait.
 unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
-    let ctx = &mut *ngx::ngx_container_of!(ev, Ctx, ev);
+    let part = &mut *ngx::ngx_container_of!(ev, Part, ev);
+    let ctx = &mut *part.ctx;
     let r = ctx.r;
     let (Some(lcf), Some(mcf)) = (RateLimit::location_conf(&*r), RateLimit::main_conf(&*r)) else {
         return;
@@ -519,51 +636,57 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         mcf.metrics.get().waited();
         return resume(r);
     }
-    let redis = mcf.redis.as_ref().expect("a decision was sent");
+    let Some(redis) = mcf.redis(part.backend) else { return };
+    let b = part.backend;
     if (*ev).timedout() != 0 {
         (*ev).set_timedout(0);
-        if core::mem::take(&mut ctx.retries.waiting) {
+        if core::mem::take(&mut part.retries.waiting) {
             // TRYAGAIN's pause is over.
             if let Follow::Resent =
-                again(mcf.pool(), &mut ctx.waiter, ctx.args.call(), &ctx.retries)
+                again(mcf.pool(b), &mut part.waiter, part.args.call(), &part.retries)
             {
                 ngx_add_timer(ev, time_left(ctx, redis).max(1) as ngx_msec_t);
                 return;
             }
-        } else if ctx.waiter.result.is_none() || asks_again(&ctx.waiter.result) {
+        } else if part.waiter.result.is_none() || asks_again(&part.waiter.result) {
             // The deadline met no reply, or one that would need another round trip (the two
             // can arrive in one event-loop iteration): either way the time is up.
-            if let Some(token) = ctx.waiter.token.take() {
+            if let Some(token) = part.waiter.token.take() {
                 WorkerPool::timed_out(token);
             }
-            ctx.waiter.result = Some(Err(RedisError::Timeout));
+            part.waiter.result = Some(Err(RedisError::Timeout));
         }
     }
-    if ctx.waiter.result.is_none() {
+    if part.waiter.result.is_none() {
         return;
     }
-    match follow(|| mcf.pool(), &mut ctx.waiter, ctx.args.call(), &mut ctx.retries) {
+    match follow(|| mcf.pool(b), &mut part.waiter, part.args.call(), &mut part.retries) {
         Follow::Resent => return,
         Follow::Later => {
             if time_left(ctx, redis) > TRYAGAIN_DELAY as ngx_msec_int_t {
-                ctx.retries.waiting = true;
-                if ctx.ev.posted() != 0 {
-                    ngx_delete_posted_event(&mut ctx.ev);
+                part.retries.waiting = true;
+                if part.ev.posted() != 0 {
+                    ngx_delete_posted_event(&mut part.ev);
                 }
                 // nginx keeps an armed timer that is within 300 ms of the new one.
-                ngx_del_timer(&mut ctx.ev);
-                ngx_add_timer(&mut ctx.ev, TRYAGAIN_DELAY);
+                ngx_del_timer(&mut part.ev);
+                ngx_add_timer(&mut part.ev, TRYAGAIN_DELAY);
                 return;
             }
         }
         Follow::No => {}
     }
     // The reply and the deadline can arrive in the same event-loop iteration.
-    if ctx.ev.timer_set() != 0 {
-        ngx_del_timer(&mut ctx.ev);
+    if part.ev.timer_set() != 0 {
+        ngx_del_timer(&mut part.ev);
     }
-    if ctx.ev.posted() != 0 {
-        ngx_delete_posted_event(&mut ctx.ev);
+    if part.ev.posted() != 0 {
+        ngx_delete_posted_event(&mut part.ev);
+    }
+    part.done = true;
+    // Decided once every backend has answered: the slowest one's time.
+    if !ctx.part.done || ctx.more.iter().any(|p| !p.done) {
+        return;
     }
     decide(ctx, lcf, mcf);
     if ctx.status == Status::Delayed {
@@ -573,7 +696,7 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         mcf.waiting.set(mcf.waiting.get() + 1);
         mcf.metrics.get().delay(ctx.wait_ms);
         log_delay(ctx, lcf, mcf);
-        ngx_add_timer(&mut ctx.ev, ctx.wait_ms as ngx_msec_t);
+        ngx_add_timer(&mut ctx.part.ev, ctx.wait_ms as ngx_msec_t);
         return;
     }
     resume(r);
@@ -610,40 +733,118 @@ unsafe fn time_left(ctx: &Ctx, redis: &RedisConf) -> ngx_msec_int_t {
     due.wrapping_sub(ngx_current_msec) as ngx_msec_int_t
 }
 
-/// Turns the waiter's result into the request's status.
+/// Turns the parts' answers into the request's status.
 unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
-    let Some(result) = ctx.waiter.result.take() else { return };
-    let failure = match result.map(|reply| script::decode_reply(&reply, &ctx.args)) {
-        Ok(Ok(mut d)) => {
-            if ctx.zones.iter().any(|z| z.lease.is_some()) {
-                answered(ctx, mcf);
+    if !ctx.more.is_empty() {
+        return decide_several(ctx, lcf, mcf);
+    }
+    let mut d = match answer(ctx, mcf, 0) {
+        Ok(d) => d,
+        Err(failure) => return fail(ctx, lcf, mcf, failure),
+    };
+    if ctx.zones.iter().any(|z| z.lease.is_some()) {
+        answered(ctx, mcf);
+    }
+    if !d.allowed && lcf.deny_cache() {
+        remember_rejection(ctx, mcf, &d);
+    }
+    if d.wait_ms > 0 {
+        return delayed(ctx, &d);
+    }
+    if d.allowed {
+        admitted(ctx, mcf, &mut d, &[0..ctx.zones.len()]);
+    }
+    record(ctx, &d);
+}
+
+/// A location on several backends: admitted only if every one admits (or its failure's policy
+/// does); what one admitted goes back at once when another refuses.
+unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
+    let parts = ctx.more.len() + 1;
+    let mut all =
+        Decision { allowed: true, wait_ms: 0, zones: Vec::with_capacity(ctx.zones.len()) };
+    // What each backend said (`None`: it could not decide, and its policy stood in).
+    let mut said: Vec<Option<Decision>> = Vec::with_capacity(parts);
+    let mut stood: Vec<Status> = Vec::new();
+    for i in 0..parts {
+        let part = &*part_ptr(ctx, i);
+        let (range, backend) = (part.from..part.to, part.backend);
+        match answer(ctx, mcf, i) {
+            Ok(d) => {
+                all.allowed &= d.allowed;
+                all.zones.extend_from_slice(&d.zones);
+                said.push(Some(d));
             }
-            if !d.allowed && lcf.deny_cache() {
-                remember_rejection(ctx, mcf, &d);
+            Err(failure) => {
+                let (status, d) = stand_in(ctx, lcf, mcf, range, backend, failure);
+                all.allowed &= d.allowed;
+                all.zones.extend(d.zones);
+                stood.push(status);
+                said.push(None);
             }
-            if d.wait_ms > 0 {
-                return delayed(ctx, &d);
+        }
+    }
+    if ctx.zones.iter().any(|z| z.lease.is_some()) {
+        answered(ctx, mcf);
+    }
+    let ranges: Vec<_> =
+        (0..parts).map(|i| (*part_ptr(ctx, i)).from..(*part_ptr(ctx, i)).to).collect();
+    if all.allowed {
+        // Slots are the ones Redis granted: a policy's stand-in took none there.
+        let heard: Vec<_> = ranges.iter().zip(&said).filter(|(_, d)| d.is_some()).collect();
+        let heard: Vec<_> = heard.into_iter().map(|(r, _)| r.clone()).collect();
+        admitted(ctx, mcf, &mut all, &heard);
+    } else {
+        for (range, d) in ranges.iter().zip(&said) {
+            if let Some(d) = d {
+                undo(ctx, range.clone(), d);
             }
-            if d.allowed {
-                // A zone that settles was told to record its estimate as a place.
-                for (z, v) in ctx.zones.iter_mut().zip(&d.zones) {
-                    if z.settle.is_some() {
-                        z.placed = v.grant;
-                    }
+        }
+        // Reservations granted with it stay this worker's, as any reservation does.
+        keep_reservations(ctx, mcf, &mut all);
+        if lcf.deny_cache() {
+            // Only what Redis said is remembered, never a policy's stand-in.
+            let mut heard = all.clone();
+            for (range, d) in ranges.iter().zip(&said) {
+                if d.is_none() {
+                    heard.zones[range.clone()].iter_mut().for_each(|v| v.ok = true);
                 }
             }
-            if d.allowed && d.zones.iter().any(|z| z.grant.units > 0) {
-                keep_reservations(ctx, mcf, &mut d);
-            }
-            if d.allowed {
-                take_slots(ctx, mcf);
-            }
-            return record(ctx, &d);
+            remember_rejection(ctx, mcf, &heard);
         }
+    }
+    record(ctx, &all);
+    let redis_refused = said.iter().flatten().any(|d| !d.allowed);
+    let has = |s: Status| stood.contains(&s);
+    ctx.status = match all.allowed {
+        false if redis_refused => Status::Rejected,
+        false if has(Status::RejectedLocal) => Status::RejectedLocal,
+        false => Status::FailedClosed,
+        true if has(Status::PassedLocal) => Status::PassedLocal,
+        true if has(Status::FailedOpen) => Status::FailedOpen,
+        true => Status::Passed,
+    };
+    if ctx.status == Status::FailedClosed {
+        // As with one backend: a refusal by policy announces no figures.
+        ctx.quota = None;
+    }
+}
+
+/// What part `i`'s backend answered: its decision, or why there is none.
+unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<Decision, Failure> {
+    let part = &mut *part_ptr(ctx, i);
+    let range = part.from..part.to;
+    if part.cross_slot {
+        let zones = ctx.zones[range].iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
+        return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
+    }
+    let result = part.waiter.result.take().unwrap_or(Err(RedisError::Timeout));
+    match result.map(|reply| script::decode_reply(&reply, &part.args)) {
+        Ok(Ok(d)) => Ok(d),
         Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
-            Failure::WrongType(wrong_type_keys(ctx))
+            Err(Failure::WrongType(wrong_type_keys(&ctx.zones[range])))
         }
-        Ok(Err(e)) => Failure::Reply(e),
+        Ok(Err(e)) => Err(Failure::Reply(e)),
         Err(e) => {
             // Lost on the wire or in Redis's hands (a timeout is one): it may still run there.
             let written = matches!(
@@ -655,18 +856,32 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
                     | RedisError::UnexpectedReply
             );
             if written {
-                orphan_slots(ctx);
+                orphan_slots(ctx, range);
             }
-            Failure::Redis(e)
+            Err(Failure::Redis(e))
         }
-    };
-    fail(ctx, lcf, mcf, failure);
+    }
+}
+
+/// What an admitted request keeps of its decision: a settling zone's place, reservations
+/// granted with it, and the slots Redis granted in the zones `slots`.
+fn admitted(ctx: &mut Ctx, mcf: &MainConf, d: &mut Decision, slots: &[core::ops::Range<usize>]) {
+    // A zone that settles was told to record its estimate as a place.
+    for (z, v) in ctx.zones.iter_mut().zip(&d.zones) {
+        if z.settle.is_some() {
+            z.placed = v.grant;
+        }
+    }
+    if d.zones.iter().any(|z| z.grant.units > 0) {
+        keep_reservations(ctx, mcf, d);
+    }
+    slots.iter().for_each(|range| take_slots(ctx, mcf, range.clone()));
 }
 
 /// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
 /// whatever else was stored there.
-fn wrong_type_keys(ctx: &Ctx) -> String {
-    let keys = ctx.zones.iter().map(|z| {
+fn wrong_type_keys(zones: &[ZoneReq]) -> String {
+    let keys = zones.iter().map(|z| {
         let bytes: Vec<u8> = z.key.parts().concat();
         format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
     });
