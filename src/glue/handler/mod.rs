@@ -22,7 +22,7 @@ use crate::decide::key::{cluster_value, Key, Piece};
 use crate::decide::lease::{Ask, Figures, GiveBack, Grant};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
-use crate::decide::script::{self, Decision, EncodedArgs, Place, ReplyError, SlotRef, ZoneArgs};
+use crate::decide::script::{self, Decision, Place, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
 use crate::decide::table_key::{TableHead, TableKey};
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
@@ -30,18 +30,20 @@ use crate::glue::giveback;
 use crate::glue::module::RateLimit;
 use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key, PoolVec};
 use crate::redis::conf::RedisConf;
-use crate::redis::follow::{again, asks_again, follow, submit, Follow, Retries, TRYAGAIN_DELAY};
-use crate::redis::pool::{RedisError, Waiter, WorkerPool};
+use crate::redis::follow::{again, asks_again, follow, Follow, TRYAGAIN_DELAY};
+use crate::redis::pool::{RedisError, WorkerPool};
 
 mod fail;
 mod memory;
+mod parts;
 mod respond;
 
-use fail::{fail, stand_in, Failure};
+use fail::{fail, Failure};
 use memory::{
     admitted_from_reservations, answered, hear_changes, keep_reservations, rejected_from_memory,
     release_slots, remember_rejection, take_slots,
 };
+use parts::{answer, ask, decide_several, part_ptr, undo, Part};
 use respond::apply;
 
 /// Per main request, in its pool. Found again after an internal redirect through the pool's
@@ -87,44 +89,6 @@ pub struct Ctx {
 // What a request waiting for its turn (`delay=`) holds besides nginx's own request: this context
 // and a give-back per zone (docs/delay.md states it).
 const _: () = assert!(size_of::<Ctx>() <= 512);
-
-/// One backend's share of a request's decision: its zones, `Ctx::zones[from..to]`, in one script
-/// call with its own deadline and retries.
-struct Part {
-    waiter: Waiter,
-    /// Fires on completion (posted) or at the decision's deadline (timer); for the first part,
-    /// also at the end of a delayed request's wait.
-    ev: ngx_event_t,
-    args: EncodedArgs,
-    retries: Retries,
-    backend: usize,
-    from: usize,
-    to: usize,
-    /// Its request's context, which holds it (in the request's pool, as long as the part).
-    ctx: *mut Ctx,
-    /// Its answer, or the failure that stands for one, is in.
-    done: bool,
-    /// Its keys are in different Cluster slots: not sent.
-    cross_slot: bool,
-}
-
-impl Part {
-    fn new(ctx: *mut Ctx, backend: usize, from: usize, to: usize) -> Self {
-        Part {
-            waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
-            // SAFETY: all-zero is an idle event.
-            ev: unsafe { core::mem::zeroed() },
-            args: EncodedArgs::default(),
-            retries: Retries::default(),
-            backend,
-            from,
-            to,
-            ctx,
-            done: false,
-            cross_slot: false,
-        }
-    }
-}
 
 /// One zone as this request sees it: limit, window and cost may come from variables.
 #[derive(Clone, Copy)]
@@ -379,28 +343,6 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     NGX_AGAIN as ngx_int_t
 }
 
-/// Sends a part of the request's decision to its backend; false when it is done at once (Redis
-/// known down, keys in different Cluster slots).
-unsafe fn ask(
-    zones: &[ZoneReq],
-    part: &mut Part,
-    lcf: &LocConf,
-    mcf: &MainConf,
-    now: Option<u64>,
-) -> bool {
-    let zones = zones[part.from..part.to].iter();
-    part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], lcf.several)), now);
-    let Some(redis) = mcf.redis(part.backend) else { return false };
-    // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
-    part.cross_slot = redis.cluster && part.args.call().slot().is_none();
-    if part.cross_slot || !submit(mcf.pool(part.backend), &mut part.waiter, part.args.call()) {
-        part.done = true;
-        return false;
-    }
-    ngx_add_timer(&mut part.ev, redis.timeout);
-    true
-}
-
 /// A key value for Redis Cluster, in the request's pool: only the braces of the configuration
 /// make a hash tag (`crate::decide::key::cluster_value`). `whole` is the template evaluated at once.
 unsafe fn cluster_key_value(
@@ -576,32 +518,6 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
     }
 }
 
-/// Part `i` of the request's decision: the first, then the others.
-fn part_ptr(ctx: &mut Ctx, i: usize) -> *mut Part {
-    match i {
-        0 => &mut ctx.part,
-        i => &mut ctx.more[i - 1],
-    }
-}
-
-/// A backend admitted the request in the zones `range` while it is refused: what it placed
-/// there goes back at once, and the slots it granted are released.
-unsafe fn undo(ctx: &mut Ctx, range: core::ops::Range<usize>, d: &Decision) {
-    // SAFETY: the request's configuration outlives it (null only if it had none).
-    let Some(mcf) = ctx.mcf.as_ref() else { return };
-    if !d.allowed {
-        return;
-    }
-    let zones = &ctx.zones[range.clone()];
-    let placed = zones.iter().zip(&d.zones).filter(|(z, v)| {
-        let g = v.grant;
-        g.units > 0 && g.rid > 0 && z.lease.is_none()
-    });
-    let back = placed.map(|(z, v)| ZoneReq { placed: v.grant, ..*z }.give_back(v.grant.units));
-    giveback::send(mcf, back);
-    orphan_slots(ctx, range);
-}
-
 /// The request stops waiting for a decision Redis may still run (its client went away, its
 /// deadline passed, its connection was lost), or another backend refused what one admitted: a
 /// slot granted in the zones `range` is released by the sweep, instead of lapsing unrenewed.
@@ -752,120 +668,19 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
         return delayed(ctx, &d);
     }
     if d.allowed {
-        admitted(ctx, mcf, &mut d, &[0..ctx.zones.len()]);
+        admitted(ctx, mcf, &mut d, core::iter::once(0..ctx.zones.len()));
     }
     record(ctx, &d);
 }
 
-/// A location on several backends: admitted only if every one admits (or its failure's policy
-/// does); what one admitted goes back at once when another refuses.
-unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
-    let parts = ctx.more.len() + 1;
-    let mut all =
-        Decision { allowed: true, wait_ms: 0, zones: Vec::with_capacity(ctx.zones.len()) };
-    // What each backend said (`None`: it could not decide, and its policy stood in).
-    let mut said: Vec<Option<Decision>> = Vec::with_capacity(parts);
-    let mut stood: Vec<Status> = Vec::new();
-    for i in 0..parts {
-        let part = &*part_ptr(ctx, i);
-        let (range, backend) = (part.from..part.to, part.backend);
-        match answer(ctx, mcf, i) {
-            Ok(d) => {
-                all.allowed &= d.allowed;
-                all.zones.extend_from_slice(&d.zones);
-                said.push(Some(d));
-            }
-            Err(failure) => {
-                let (status, d) = stand_in(ctx, lcf, mcf, range, backend, failure);
-                all.allowed &= d.allowed;
-                all.zones.extend(d.zones);
-                stood.push(status);
-                said.push(None);
-            }
-        }
-    }
-    if ctx.zones.iter().any(|z| z.lease.is_some()) {
-        answered(ctx, mcf);
-    }
-    let ranges: Vec<_> =
-        (0..parts).map(|i| (*part_ptr(ctx, i)).from..(*part_ptr(ctx, i)).to).collect();
-    if all.allowed {
-        // Slots are the ones Redis granted: a policy's stand-in took none there.
-        let heard: Vec<_> = ranges.iter().zip(&said).filter(|(_, d)| d.is_some()).collect();
-        let heard: Vec<_> = heard.into_iter().map(|(r, _)| r.clone()).collect();
-        admitted(ctx, mcf, &mut all, &heard);
-    } else {
-        for (range, d) in ranges.iter().zip(&said) {
-            if let Some(d) = d {
-                undo(ctx, range.clone(), d);
-            }
-        }
-        // Reservations granted with it stay this worker's, as any reservation does.
-        keep_reservations(ctx, mcf, &mut all);
-        if lcf.deny_cache() {
-            // Only what Redis said is remembered, never a policy's stand-in.
-            let mut heard = all.clone();
-            for (range, d) in ranges.iter().zip(&said) {
-                if d.is_none() {
-                    heard.zones[range.clone()].iter_mut().for_each(|v| v.ok = true);
-                }
-            }
-            remember_rejection(ctx, mcf, &heard);
-        }
-    }
-    record(ctx, &all);
-    let redis_refused = said.iter().flatten().any(|d| !d.allowed);
-    let has = |s: Status| stood.contains(&s);
-    ctx.status = match all.allowed {
-        false if redis_refused => Status::Rejected,
-        false if has(Status::RejectedLocal) => Status::RejectedLocal,
-        false => Status::FailedClosed,
-        true if has(Status::PassedLocal) => Status::PassedLocal,
-        true if has(Status::FailedOpen) => Status::FailedOpen,
-        true => Status::Passed,
-    };
-    if ctx.status == Status::FailedClosed {
-        // As with one backend: a refusal by policy announces no figures.
-        ctx.quota = None;
-    }
-}
-
-/// What part `i`'s backend answered: its decision, or why there is none.
-unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<Decision, Failure> {
-    let part = &mut *part_ptr(ctx, i);
-    let range = part.from..part.to;
-    if part.cross_slot {
-        let zones = ctx.zones[range].iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
-        return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
-    }
-    let result = part.waiter.result.take().unwrap_or(Err(RedisError::Timeout));
-    match result.map(|reply| script::decode_reply(&reply, &part.args)) {
-        Ok(Ok(d)) => Ok(d),
-        Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
-            Err(Failure::WrongType(wrong_type_keys(&ctx.zones[range])))
-        }
-        Ok(Err(e)) => Err(Failure::Reply(e)),
-        Err(e) => {
-            // Lost on the wire or in Redis's hands (a timeout is one): it may still run there.
-            let written = matches!(
-                e,
-                RedisError::Timeout
-                    | RedisError::Closed
-                    | RedisError::Io
-                    | RedisError::Protocol(_)
-                    | RedisError::UnexpectedReply
-            );
-            if written {
-                orphan_slots(ctx, range);
-            }
-            Err(Failure::Redis(e))
-        }
-    }
-}
-
 /// What an admitted request keeps of its decision: a settling zone's place, reservations
 /// granted with it, and the slots Redis granted in the zones `slots`.
-fn admitted(ctx: &mut Ctx, mcf: &MainConf, d: &mut Decision, slots: &[core::ops::Range<usize>]) {
+fn admitted(
+    ctx: &mut Ctx,
+    mcf: &MainConf,
+    d: &mut Decision,
+    slots: impl Iterator<Item = core::ops::Range<usize>>,
+) {
     // A zone that settles was told to record its estimate as a place.
     for (z, v) in ctx.zones.iter_mut().zip(&d.zones) {
         if z.settle.is_some() {
@@ -875,17 +690,7 @@ fn admitted(ctx: &mut Ctx, mcf: &MainConf, d: &mut Decision, slots: &[core::ops:
     if d.zones.iter().any(|z| z.grant.units > 0) {
         keep_reservations(ctx, mcf, d);
     }
-    slots.iter().for_each(|range| take_slots(ctx, mcf, range.clone()));
-}
-
-/// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
-/// whatever else was stored there.
-fn wrong_type_keys(zones: &[ZoneReq]) -> String {
-    let keys = zones.iter().map(|z| {
-        let bytes: Vec<u8> = z.key.parts().concat();
-        format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
-    });
-    keys.collect::<Vec<_>>().join(", ")
+    slots.for_each(|range| take_slots(ctx, mcf, range));
 }
 
 /// Admitted at a later instant, recorded there in every zone: what gives its places back if the

@@ -1,0 +1,221 @@
+//! A request's decision asked of each backend its location's zones live on (`redis=`): a
+//! [`Part`] per backend, sent at once, each with its own deadline and retries; their answers
+//! read and combined, all or nothing; what one backend admitted given back at once when another
+//! refuses (docs/sizing.md, several backends).
+
+use core::ops::Range;
+use core::ptr;
+
+use ngx::ffi::{ngx_add_timer, ngx_event_t};
+
+use crate::decide::script::{self, Decision, EncodedArgs, ReplyError};
+use crate::decide::status::Status;
+use crate::glue::conf::{LocConf, MainConf};
+use crate::glue::giveback;
+use crate::redis::follow::{submit, Retries};
+use crate::redis::pool::{RedisError, Waiter};
+
+use super::fail::{stand_in, Failure};
+use super::memory::{answered, keep_reservations, remember_rejection};
+use super::{admitted, orphan_slots, record, Ctx, ZoneReq};
+
+/// One backend's share of a request's decision: its zones, `Ctx::zones[from..to]`, in one script
+/// call with its own deadline and retries.
+pub(super) struct Part {
+    pub(super) waiter: Waiter,
+    /// Fires on completion (posted) or at the decision's deadline (timer); for the first part,
+    /// also at the end of a delayed request's wait.
+    pub(super) ev: ngx_event_t,
+    pub(super) args: EncodedArgs,
+    pub(super) retries: Retries,
+    pub(super) backend: usize,
+    pub(super) from: usize,
+    pub(super) to: usize,
+    /// Its request's context, which holds it (in the request's pool, as long as the part).
+    pub(super) ctx: *mut Ctx,
+    /// Its answer, or the failure that stands for one, is in.
+    pub(super) done: bool,
+    /// Its keys are in different Cluster slots: not sent.
+    pub(super) cross_slot: bool,
+}
+
+impl Part {
+    pub(super) fn new(ctx: *mut Ctx, backend: usize, from: usize, to: usize) -> Self {
+        Part {
+            waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+            // SAFETY: all-zero is an idle event.
+            ev: unsafe { core::mem::zeroed() },
+            args: EncodedArgs::default(),
+            retries: Retries::default(),
+            backend,
+            from,
+            to,
+            ctx,
+            done: false,
+            cross_slot: false,
+        }
+    }
+}
+
+/// Sends a part of the request's decision to its backend; false when it is done at once (Redis
+/// known down, keys in different Cluster slots).
+pub(super) unsafe fn ask(
+    zones: &[ZoneReq],
+    part: &mut Part,
+    lcf: &LocConf,
+    mcf: &MainConf,
+    now: Option<u64>,
+) -> bool {
+    let zones = zones[part.from..part.to].iter();
+    part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], lcf.several)), now);
+    let Some(redis) = mcf.redis(part.backend) else { return false };
+    // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
+    part.cross_slot = redis.cluster && part.args.call().slot().is_none();
+    if part.cross_slot || !submit(mcf.pool(part.backend), &mut part.waiter, part.args.call()) {
+        part.done = true;
+        return false;
+    }
+    ngx_add_timer(&mut part.ev, redis.timeout);
+    true
+}
+
+/// Part `i` of the request's decision: the first, then the others.
+pub(super) fn part_ptr(ctx: &mut Ctx, i: usize) -> *mut Part {
+    match i {
+        0 => &mut ctx.part,
+        i => &mut ctx.more[i - 1],
+    }
+}
+
+/// A backend admitted the request in the zones `range` while it is refused: what it placed
+/// there goes back at once, and the slots it granted are released.
+pub(super) unsafe fn undo(ctx: &mut Ctx, range: Range<usize>, d: &Decision) {
+    // SAFETY: the request's configuration outlives it (null only if it had none).
+    let Some(mcf) = ctx.mcf.as_ref() else { return };
+    if !d.allowed {
+        return;
+    }
+    let zones = &ctx.zones[range.clone()];
+    let placed = zones.iter().zip(&d.zones).filter(|(z, v)| {
+        let g = v.grant;
+        g.units > 0 && g.rid > 0 && z.lease.is_none()
+    });
+    let back = placed.map(|(z, v)| ZoneReq { placed: v.grant, ..*z }.give_back(v.grant.units));
+    giveback::send(mcf, back);
+    orphan_slots(ctx, range);
+}
+
+/// A location on several backends: admitted only if every one admits (or its failure's policy
+/// does); what one admitted goes back at once when another refuses.
+pub(super) unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
+    let parts = ctx.more.len() + 1;
+    let mut all =
+        Decision { allowed: true, wait_ms: 0, zones: Vec::with_capacity(ctx.zones.len()) };
+    // What each backend said (`None`: it could not decide, and its policy stood in).
+    let mut said: Vec<Option<Decision>> = Vec::with_capacity(parts);
+    let mut stood: Vec<Status> = Vec::new();
+    for i in 0..parts {
+        let part = &*part_ptr(ctx, i);
+        let (range, backend) = (part.from..part.to, part.backend);
+        match answer(ctx, mcf, i) {
+            Ok(d) => {
+                all.allowed &= d.allowed;
+                all.zones.extend_from_slice(&d.zones);
+                said.push(Some(d));
+            }
+            Err(failure) => {
+                let (status, d) = stand_in(ctx, lcf, mcf, range, backend, failure);
+                all.allowed &= d.allowed;
+                all.zones.extend(d.zones);
+                stood.push(status);
+                said.push(None);
+            }
+        }
+    }
+    if ctx.zones.iter().any(|z| z.lease.is_some()) {
+        answered(ctx, mcf);
+    }
+    let ranges: Vec<_> =
+        (0..parts).map(|i| (*part_ptr(ctx, i)).from..(*part_ptr(ctx, i)).to).collect();
+    if all.allowed {
+        // Slots are the ones Redis granted: a policy's stand-in took none there.
+        let heard = ranges.iter().zip(&said).filter(|(_, d)| d.is_some());
+        admitted(ctx, mcf, &mut all, heard.map(|(r, _)| r.clone()));
+    } else {
+        for (range, d) in ranges.iter().zip(&said) {
+            if let Some(d) = d {
+                undo(ctx, range.clone(), d);
+            }
+        }
+        // Reservations granted with it stay this worker's, as any reservation does.
+        keep_reservations(ctx, mcf, &mut all);
+        if lcf.deny_cache() {
+            // Only what Redis said is remembered, never a policy's stand-in.
+            let mut heard = all.clone();
+            for (range, d) in ranges.iter().zip(&said) {
+                if d.is_none() {
+                    heard.zones[range.clone()].iter_mut().for_each(|v| v.ok = true);
+                }
+            }
+            remember_rejection(ctx, mcf, &heard);
+        }
+    }
+    record(ctx, &all);
+    let redis_refused = said.iter().flatten().any(|d| !d.allowed);
+    let has = |s: Status| stood.contains(&s);
+    ctx.status = match all.allowed {
+        false if redis_refused => Status::Rejected,
+        false if has(Status::RejectedLocal) => Status::RejectedLocal,
+        false => Status::FailedClosed,
+        true if has(Status::PassedLocal) => Status::PassedLocal,
+        true if has(Status::FailedOpen) => Status::FailedOpen,
+        true => Status::Passed,
+    };
+    if ctx.status == Status::FailedClosed {
+        // As with one backend: a refusal by policy announces no figures.
+        ctx.quota = None;
+    }
+}
+
+/// What part `i`'s backend answered: its decision, or why there is none.
+pub(super) unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<Decision, Failure> {
+    let part = &mut *part_ptr(ctx, i);
+    let range = part.from..part.to;
+    if part.cross_slot {
+        let zones = ctx.zones[range].iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
+        return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
+    }
+    let result = part.waiter.result.take().unwrap_or(Err(RedisError::Timeout));
+    match result.map(|reply| script::decode_reply(&reply, &part.args)) {
+        Ok(Ok(d)) => Ok(d),
+        Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
+            Err(Failure::WrongType(wrong_type_keys(&ctx.zones[range])))
+        }
+        Ok(Err(e)) => Err(Failure::Reply(e)),
+        Err(e) => {
+            // Lost on the wire or in Redis's hands (a timeout is one): it may still run there.
+            let written = matches!(
+                e,
+                RedisError::Timeout
+                    | RedisError::Closed
+                    | RedisError::Io
+                    | RedisError::Protocol(_)
+                    | RedisError::UnexpectedReply
+            );
+            if written {
+                orphan_slots(ctx, range);
+            }
+            Err(Failure::Redis(e))
+        }
+    }
+}
+
+/// The keys of a decision that met `WRONGTYPE`, for the log: the operator must find and remove
+/// whatever else was stored there.
+fn wrong_type_keys(zones: &[ZoneReq]) -> String {
+    let keys = zones.iter().map(|z| {
+        let bytes: Vec<u8> = z.key.parts().concat();
+        format!("\"{}\"", String::from_utf8_lossy(&bytes).escape_debug())
+    });
+    keys.collect::<Vec<_>>().join(", ")
+}
