@@ -169,7 +169,7 @@ impl MainConf {
     /// This worker's way to backend `b`, made on first use; `None` for a zone without one.
     pub fn pool(&self, b: usize) -> Option<&'static mut WorkerPool> {
         let backend = self.backends.get(b)?;
-        WorkerPool::get(&backend.pool, &backend.redis, self.metrics.get())
+        WorkerPool::get(&backend.pool, &backend.redis, self.metrics.get().backend(b))
     }
 
     /// What `ratelimit_redis` says of backend `b`.
