@@ -8,6 +8,8 @@
 #   "G<letter><rid>" gives u units of it back (u = estimate - value);
 #   "C<letter><rid>" charges u more (value - estimate) at now, past the limit,
 #   only while rid is in the key's ledger (it leaves it): reply 1 1 remaining r.
+#   "^" instead of "!" (several backends): the same placement, its ledger entry
+#   kept for the grace only.
 # Expectations are literals worked out by hand; t below is the offset from T0.
 use lib 't/lib';
 use RLTest;
@@ -23,7 +25,7 @@ my $HORIZON = 3_600_000 + 10_000;    # a placement's ledger entry: an hour + the
 our %RID;
 sub show {
     my ($r, @z) = @_;
-    return zone_fields($r, [map { $_->[1] =~ /[!~+]/ ? 7 : 3 } @z], sub { $RID{ $z[$_[0]][0] } = $_[1] });
+    return zone_fields($r, [map { $_->[1] =~ /[!~+^]/ ? 7 : 3 } @z], sub { $RID{ $z[$_[0]][0] } = $_[1] });
 }
 
 # One decision at T0 + t: zones [key, field, limit, window, cost (1), burst (0)].
@@ -161,6 +163,36 @@ for my $alg (qw(l p c g q b)) {
     is(dec(30, [$k, "$alg!", $limit, $w, 1, $burst]), "$c->{next} 0 0 0", "$alg: a rejected placement");
     is(snapshot($k, ledger($k)), $before, "$alg: ... writing nothing");
 }
+
+######################################################################
+# "^" (issue 34, zones on several backends): the same placement, its ledger entry
+# kept for the grace only; given back whole when another backend refuses.
+my $GRACE = 10_000;
+my %empty = (l => 'gone', p => 'gone', c => '16:0:0', g => 'gone', q => "$qstart:0", b => '20');
+for my $alg (qw(l p c g q b)) {
+    my $c = $case{$alg};
+    my $k = "rl:undo:$alg";
+    my ($limit, $w) = @{ $c->{zone} };
+    my $burst = $c->{zone}[2] // 0;
+    my $tok = $c->{token}->(0);
+    is(dec(0, [$k, "$alg^", $limit, $w, 10, $burst]), "$c->{first} $tok", "$alg^: placed at once");
+    my $rid = $RID{$k};
+    is($c->{show}->($k), $c->{placed}, "$alg^: the key holds the placement");
+    is(redis_cmd('ZSCORE', ledger($k), $rid), $T0 + $GRACE, "$alg^: its ledger entry, for the grace only");
+    my $back = $alg eq 'g' ? '1 1 0 1' : "1 1 $limit 1";
+    $back = '1 1 20 1' if $alg eq 'b';
+    is(op(5, $k, "G$alg$rid", $limit, $w, 10, sprintf('%.0f', $tok)), $back, "$alg^: given back whole");
+    is(redis_cmd('EXISTS', $k) ? $c->{show}->($k) : 'gone', $empty{$alg}, "$alg^: nothing left counted");
+    my $before = snapshot($k, ledger($k));
+    is(op(6, $k, "G$alg$rid", $limit, $w, 10, sprintf('%.0f', $tok)), '1 1 0 0',
+        "$alg^: the same give-back again: not of the ledger ...");
+    is(snapshot($k, ledger($k)), $before, "$alg^: ... writing nothing");
+}
+for my $f ('r^', 'n^', 'B^', 'l+50:1000^', 'c^!', 'c!^', 'l^^', '^', 'g~0^') {
+    my $r = decide_raw(['rl:undo:bad'], $T0, $f, 10, 1000, 1, 1);
+    is(show($r, ['rl:undo:bad', $f]), 'ERR:ERR ratelimit: bad arguments for zone 1', "bad: $f");
+}
+is(redis_cmd('EXISTS', 'rl:undo:bad'), 0, 'bad: nothing written');
 
 ######################################################################
 # A balance charged below zero refuses every cost until topped up past it.

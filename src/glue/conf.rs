@@ -148,6 +148,9 @@ pub struct MainConf {
     pub waiting: Cell<u64>,
     /// Settlements Redis could not take yet, sent again by the sweep (`settle=`).
     pub settlements: RefCell<Option<settle::Queue>>,
+    /// Some `ratelimit` line has `settle=`: only then does the log phase run a handler of this
+    /// module (every request paid for it, in every location, before).
+    pub settling: Cell<bool>,
     /// The zones some `ratelimit` line gives `delay=`, by name: every decision of theirs says
     /// so to Redis (a wait of 0 where the line has none), so that no plain write shortens the
     /// life of places recorded ahead of now.
@@ -169,7 +172,7 @@ impl MainConf {
     /// This worker's way to backend `b`, made on first use; `None` for a zone without one.
     pub fn pool(&self, b: usize) -> Option<&'static mut WorkerPool> {
         let backend = self.backends.get(b)?;
-        WorkerPool::get(&backend.pool, &backend.redis, self.metrics.get())
+        WorkerPool::get(&backend.pool, &backend.redis, self.metrics.get().backend(b))
     }
 
     /// What `ratelimit_redis` says of backend `b`.
@@ -195,6 +198,7 @@ impl Default for MainConf {
             local_size: None,
             waiting: Cell::new(0),
             settlements: RefCell::new(None),
+            settling: Cell::new(false),
             delayed_zones: RefCell::new(Vec::new()),
             metrics_size: None,
             metrics: Cell::new(Metrics::disabled()),
@@ -319,6 +323,9 @@ pub unsafe extern "C" fn merge_loc_conf(
         }
         if let Some(why) = limit.settle.and_then(|_| cannot_settle(&mcf.zones[limit.zone], limit)) {
             return fail(cf, limit, &format!("ratelimit \"%s\" {why}"));
+        }
+        if limit.settle.is_some() {
+            mcf.settling.set(true);
         }
         if mcf.zones[limit.zone].concurrency() && !matches!(limit.cost, Param::Fixed(1)) {
             return fail(

@@ -11,6 +11,7 @@ use ngx::ffi::{
 };
 use ngx::http::HttpModuleMainConf;
 
+use crate::glue::metrics_zone;
 use crate::glue::module::RateLimit;
 use crate::metrics::format::{self, Labels};
 use crate::metrics::View;
@@ -35,11 +36,11 @@ pub unsafe extern "C" fn handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     let json = ngx_http_arg(r, c"format".as_ptr() as *mut u8, 6, &mut arg) == NGX_OK as ngx_int_t
         && arg.as_bytes() == b"json";
     let zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
-    let server = mcf.redis(0).map_or("", |r| r.name.as_str());
-    let labels = Labels { zones: &zones, server };
+    let backends = metrics_zone::backends(mcf);
+    let labels = Labels { zones: &zones, backends: &backends };
     let body = match mcf.metrics.get().snapshot() {
         Some(cells) => {
-            let view = View { cells: &cells, zones: zones.len() };
+            let view = View { cells: &cells, zones: zones.len(), backends: backends.len() };
             if json {
                 format::json(&view, &labels)
             } else {

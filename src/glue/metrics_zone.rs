@@ -13,6 +13,7 @@ use ngx::ngx_log_error;
 
 use crate::glue::conf::MainConf;
 use crate::glue::module::ngx_http_ratelimit_module;
+use crate::metrics::format::Backend;
 use crate::metrics::store::{self, Directory, Slab};
 use crate::metrics::Metrics;
 
@@ -48,7 +49,18 @@ impl Slab for Pool {
     }
 }
 
-/// Finds this configuration's counters by zone and server name in the zone, allocating only
+/// The Redis backends counted, in the order of `MainConf::backends` (the index
+/// `Metrics::backend` and the page's `View` take), by name and server. Without any
+/// `ratelimit_redis`, one unnamed backend of no server, as before backends had names: its series
+/// (all 0) stay on the page.
+pub fn backends(mcf: &MainConf) -> Vec<Backend<'_>> {
+    if mcf.backends.is_empty() {
+        return vec![Backend { name: "", server: "" }];
+    }
+    mcf.backends.iter().map(|b| Backend { name: &b.redis.backend, server: &b.redis.name }).collect()
+}
+
+/// Finds this configuration's counters by zone and backend name in the zone, allocating only
 /// for new names (`store`), so a reload keeps every kept zone's counters and the zone does not
 /// fill up over reloads. A zone too small leaves the metrics disabled: nginx works as usual,
 /// counting and showing nothing, and says so once.
@@ -73,9 +85,12 @@ unsafe extern "C" fn init_zone(zone: *mut ngx_shm_zone_t, old: *mut c_void) -> n
         mcf.zones.iter().filter(|z| z.concurrency()).map(|z| format!("{}/slots", z.name)).collect();
     let mut zones: Vec<&str> = mcf.zones.iter().map(|z| z.name.as_str()).collect();
     zones.extend(slot_names.iter().map(String::as_str));
-    let server = mcf.redis(0).map_or("", |r| r.name.as_str());
+    // A block per backend, found again by its name and server (`store::server_block`).
+    let servers: Vec<String> =
+        backends(mcf).iter().map(|b| store::server_block(b.name, b.server)).collect();
+    let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
     // SAFETY: the master alone sets up cycles, one at a time.
-    let cells = if dir.is_null() { None } else { store::attach(dir, &mut slab, &zones, server) };
+    let cells = if dir.is_null() { None } else { store::attach(dir, &mut slab, &zones, &servers) };
     match cells {
         Some(mut cells) => {
             let mut slot_blocks = cells.zones.split_off(mcf.zones.len()).into_iter();

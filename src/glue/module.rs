@@ -41,7 +41,9 @@ impl HttpModule for RateLimit {
             return Status::NGX_ERROR.into();
         }
         *h = Some(handler::access_handler);
-        if settle::register(cmcf) != Status::NGX_OK.into() {
+        // Locations are merged by now: whether any line settles is known.
+        let settling = RateLimit::main_conf(&*cf).is_some_and(|m| m.settling.get());
+        if settling && settle::register(cmcf) != Status::NGX_OK.into() {
             return Status::NGX_ERROR.into();
         }
         auth_target::warn(cf, cmcf);

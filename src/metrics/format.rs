@@ -3,14 +3,34 @@
 use core::fmt::{self, Write};
 
 use super::{
-    Counter, Gauge, View, BUCKETS_US, ERROR_KINDS, LEASE_EVENTS, REPLY_CLASSES, SLOT_EVENTS,
-    STATUSES,
+    Counter, Gauge, Server, View, BUCKETS_US, ERROR_KINDS, LEASE_EVENTS, REPLY_CLASSES,
+    SLOT_EVENTS, STATUSES,
 };
 
-/// What the figures are about: the zone names (in layout order) and the Redis server's name.
+/// What the figures are about: the zone names and the Redis backends, in layout order.
 pub struct Labels<'a> {
     pub zones: &'a [&'a str],
+    pub backends: &'a [Backend<'a>],
+}
+
+/// A Redis backend: its `name=` ("" for the unnamed one, whose series carry no `backend` label,
+/// as before backends had names) and its server, as written.
+#[derive(Clone, Copy)]
+pub struct Backend<'a> {
+    pub name: &'a str,
     pub server: &'a str,
+}
+
+impl Backend<'_> {
+    /// The labels of its series: `server="…"`, after `backend="…",` for a named one.
+    fn labels(&self) -> String {
+        let server = Escaped(self.server);
+        if self.name.is_empty() {
+            format!("server=\"{server}\"")
+        } else {
+            format!("backend=\"{}\",server=\"{server}\"", Escaped(self.name))
+        }
+    }
 }
 
 /// Label values and JSON strings share the escapes that matter here: `\`, `"`, newline.
@@ -86,7 +106,6 @@ const SERVER_GAUGES: [(Gauge, &str, &str); 3] = [
 /// The Prometheus text exposition format.
 pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
     let mut o = String::with_capacity(4096);
-    let server = Escaped(l.server);
     let _ = (|| -> fmt::Result {
         o.write_str(
             "# HELP ratelimit_decisions_total Requests decided, by zone and $ratelimit_status.\n\
@@ -131,23 +150,32 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
                 writeln!(o, "{s}{{zone=\"{}\",event=\"{event}\"}} {n}", Escaped(name))?;
             }
         }
+        // Every Redis family's samples, one backend after another, under its one # TYPE.
+        let servers: Vec<(String, Server<'_>)> =
+            l.backends.iter().enumerate().map(|(b, be)| (be.labels(), v.server(b))).collect();
         let h = "ratelimit_redis_call_duration_seconds";
         writeln!(o, "# HELP {h} Round trip of one script call, from its write to its reply.")?;
         writeln!(o, "# TYPE {h} histogram")?;
-        for (b, n) in BUCKETS_US.iter().zip(v.buckets()) {
-            writeln!(o, "{h}_bucket{{server=\"{server}\",le=\"{}\"}} {n}", Seconds(*b))?;
+        for (labels, s) in &servers {
+            for (b, n) in BUCKETS_US.iter().zip(s.buckets()) {
+                writeln!(o, "{h}_bucket{{{labels},le=\"{}\"}} {n}", Seconds(*b))?;
+            }
+            let count = s.round_trips();
+            writeln!(o, "{h}_bucket{{{labels},le=\"+Inf\"}} {count}")?;
+            writeln!(o, "{h}_sum{{{labels}}} {}", Seconds(s.round_trip_sum_us()))?;
+            writeln!(o, "{h}_count{{{labels}}} {count}")?;
         }
-        let count = v.round_trips();
-        writeln!(o, "{h}_bucket{{server=\"{server}\",le=\"+Inf\"}} {count}")?;
-        writeln!(o, "{h}_sum{{server=\"{server}\"}} {}", Seconds(v.round_trip_sum_us()))?;
-        writeln!(o, "{h}_count{{server=\"{server}\"}} {count}")?;
         for (g, name, help) in SERVER_GAUGES {
             writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge")?;
-            writeln!(o, "{name}{{server=\"{server}\"}} {}", v.gauge(g))?;
+            for (labels, s) in &servers {
+                writeln!(o, "{name}{{{labels}}} {}", s.gauge(g))?;
+            }
         }
         for (c, name, help) in SERVER_COUNTERS {
             writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter")?;
-            writeln!(o, "{name}{{server=\"{server}\"}} {}", v.counter(c))?;
+            for (labels, s) in &servers {
+                writeln!(o, "{name}{{{labels}}} {}", s.counter(c))?;
+            }
         }
         let e = "ratelimit_redis_errors_total";
         writeln!(
@@ -155,14 +183,18 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
             "# HELP {e} Failed Redis decisions, by kind (error replies: see error_replies)."
         )?;
         writeln!(o, "# TYPE {e} counter")?;
-        for (i, (_, kind)) in ERROR_KINDS.iter().enumerate() {
-            writeln!(o, "{e}{{server=\"{server}\",kind=\"{kind}\"}} {}", v.errors(i))?;
+        for (labels, s) in &servers {
+            for (i, (_, kind)) in ERROR_KINDS.iter().enumerate() {
+                writeln!(o, "{e}{{{labels},kind=\"{kind}\"}} {}", s.errors(i))?;
+            }
         }
         let e = "ratelimit_redis_error_replies_total";
         writeln!(o, "# HELP {e} Error replies to whole script calls, by class (first word).")?;
         writeln!(o, "# TYPE {e} counter")?;
-        for (i, class) in REPLY_CLASSES.iter().enumerate() {
-            writeln!(o, "{e}{{server=\"{server}\",class=\"{class}\"}} {}", v.replies(i))?;
+        for (labels, s) in &servers {
+            for (i, class) in REPLY_CLASSES.iter().enumerate() {
+                writeln!(o, "{e}{{{labels},class=\"{class}\"}} {}", s.replies(i))?;
+            }
         }
         let d = "ratelimit_deny_cache_entries";
         writeln!(o, "# HELP {d} Rejections remembered by the deny caches, over all workers.")?;
@@ -213,43 +245,28 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
             }
             o.write_str("}}")?;
         }
-        write!(
-            o,
-            "}},\"redis\":{{\"{}\":{{\"call_duration_seconds\":{{\"buckets\":{{",
-            Escaped(l.server)
-        )?;
-        for (i, (b, n)) in BUCKETS_US.iter().zip(v.buckets()).enumerate() {
+        // The unnamed backend under "redis" by its server, as before backends had names; each
+        // named one under "backends" by its name, then its server.
+        o.write_str("},\"redis\":{")?;
+        let unnamed = l.backends.iter().enumerate().filter(|(_, be)| be.name.is_empty());
+        for (i, (b, be)) in unnamed.enumerate() {
             let sep = if i == 0 { "" } else { "," };
-            write!(o, "{sep}\"{}\":{n}", Seconds(*b))?;
+            write!(o, "{sep}\"{}\":", Escaped(be.server))?;
+            server_json(&mut o, &v.server(b))?;
         }
-        let count = v.round_trips();
-        write!(
-            o,
-            ",\"+Inf\":{count}}},\"sum\":{},\"count\":{count}}}",
-            Seconds(v.round_trip_sum_us())
-        )?;
-        for (g, name, _) in SERVER_GAUGES {
-            write!(o, ",\"{}\":{}", &name["ratelimit_redis_".len()..], v.gauge(g))?;
-        }
-        for (c, name, _) in SERVER_COUNTERS {
-            let key = name["ratelimit_redis_".len()..].trim_end_matches("_total");
-            write!(o, ",\"{key}\":{}", v.counter(c))?;
-        }
-        o.write_str(",\"errors\":{")?;
-        for (i, (_, kind)) in ERROR_KINDS.iter().enumerate() {
+        o.write_str("},\"backends\":{")?;
+        let named = l.backends.iter().enumerate().filter(|(_, be)| !be.name.is_empty());
+        for (i, (b, be)) in named.enumerate() {
             let sep = if i == 0 { "" } else { "," };
-            write!(o, "{sep}\"{kind}\":{}", v.errors(i))?;
-        }
-        o.write_str("},\"error_replies\":{")?;
-        for (i, class) in REPLY_CLASSES.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            write!(o, "{sep}\"{class}\":{}", v.replies(i))?;
+            write!(o, "{sep}\"{}\":{{\"{}\":", Escaped(be.name), Escaped(be.server))?;
+            server_json(&mut o, &v.server(b))?;
+            o.write_str("}")?;
         }
         let (delayed, delay_ms) = v.delayed();
         let (returned, charged, lost) = v.settlements();
         writeln!(
             o,
-            "}}}}}},\"deny_cache_entries\":{},\"delays\":{{\"waiting\":{},\"delayed\":{delayed},\
+            "}},\"deny_cache_entries\":{},\"delays\":{{\"waiting\":{},\"delayed\":{delayed},\
              \"delay_seconds\":{}}},\"settled_units\":{{\"returned\":{returned},\
              \"charged\":{charged}}},\"settlements_lost\":{lost}}}",
             v.deny_cache_entries(),
@@ -258,6 +275,39 @@ pub fn json(v: &View<'_>, l: &Labels<'_>) -> String {
         )
     })();
     o
+}
+
+/// One backend's object: `{"call_duration_seconds": {...}, "decisions_in_flight": 0, ...}`.
+fn server_json(o: &mut String, s: &Server<'_>) -> fmt::Result {
+    o.write_str("{\"call_duration_seconds\":{\"buckets\":{")?;
+    for (i, (b, n)) in BUCKETS_US.iter().zip(s.buckets()).enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(o, "{sep}\"{}\":{n}", Seconds(*b))?;
+    }
+    let count = s.round_trips();
+    write!(
+        o,
+        ",\"+Inf\":{count}}},\"sum\":{},\"count\":{count}}}",
+        Seconds(s.round_trip_sum_us())
+    )?;
+    for (g, name, _) in SERVER_GAUGES {
+        write!(o, ",\"{}\":{}", &name["ratelimit_redis_".len()..], s.gauge(g))?;
+    }
+    for (c, name, _) in SERVER_COUNTERS {
+        let key = name["ratelimit_redis_".len()..].trim_end_matches("_total");
+        write!(o, ",\"{key}\":{}", s.counter(c))?;
+    }
+    o.write_str(",\"errors\":{")?;
+    for (i, (_, kind)) in ERROR_KINDS.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(o, "{sep}\"{kind}\":{}", s.errors(i))?;
+    }
+    o.write_str("},\"error_replies\":{")?;
+    for (i, class) in REPLY_CLASSES.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(o, "{sep}\"{class}\":{}", s.replies(i))?;
+    }
+    o.write_str("}}")
 }
 
 /// The page of a metrics zone too small for the counters: no sample at all, so that dashboards
@@ -275,7 +325,7 @@ pub fn disabled(json: bool) -> String {
 mod tests {
     use super::*;
     use crate::decide::status::Status;
-    use crate::metrics::test_metrics;
+    use crate::metrics::{test_backends, test_metrics, ErrorKind};
 
     fn sample() -> Vec<u64> {
         let m = test_metrics(2);
@@ -293,12 +343,15 @@ mod tests {
         m.snapshot().unwrap()
     }
 
-    const LABELS: Labels<'static> = Labels { zones: &["api", "per_ip"], server: "127.0.0.1:6379" };
+    const LABELS: Labels<'static> = Labels {
+        zones: &["api", "per_ip"],
+        backends: &[Backend { name: "", server: "127.0.0.1:6379" }],
+    };
 
     #[test]
     fn exposition() {
         let cells = sample();
-        let text = prometheus(&View { cells: &cells, zones: 2 }, &LABELS);
+        let text = prometheus(&View { cells: &cells, zones: 2, backends: 1 }, &LABELS);
         for line in [
             "ratelimit_decisions_total{zone=\"api\",status=\"PASSED\"} 1",
             "ratelimit_decisions_total{zone=\"per_ip\",status=\"REJECTED\"} 1",
@@ -336,7 +389,7 @@ mod tests {
     #[test]
     fn json_is_well_formed() {
         let cells = sample();
-        let text = json(&View { cells: &cells, zones: 2 }, &LABELS);
+        let text = json(&View { cells: &cells, zones: 2, backends: 1 }, &LABELS);
         assert!(text.starts_with("{\"zones\":{\"api\":{\"decisions\":{\"PASSED\":1,"), "{text}");
         assert!(text.contains("\"sum\":1.50015,\"count\":2}"), "{text}");
         assert!(text.contains("\"error_replies\":{\"NOSCRIPT\":0,\"LOADING\":0,\"BUSY\":1"));
@@ -351,6 +404,96 @@ mod tests {
                       \"charged\":150},\"settlements_lost\":1}\n";
         assert!(text.ends_with(delays), "{text}");
         assert!(text.contains(",\"connects\":0,\"script_loads\":0,\"breaker_openings\":0,"));
+        assert!(text.contains("}}},\"backends\":{},\"deny_cache_entries\""), "{text}");
+    }
+
+    /// Issue 34: the unnamed backend's series as before, a named one's with its `backend`
+    /// label, each with its own figures; in JSON under "redis" and "backends".
+    fn two_backends() -> (Vec<u64>, Labels<'static>) {
+        let m = test_backends(1, 2);
+        m.backend(0).round_trip(150);
+        let regional = m.backend(1);
+        regional.round_trip(3_000);
+        regional.round_trip(4_000);
+        regional.failure(Some(ErrorKind::Timeout));
+        regional.gauge(Gauge::BreakerOpen, 1);
+        m.decision(0, Status::Passed, 1);
+        let labels = Labels {
+            zones: &["q"],
+            backends: &[
+                Backend { name: "", server: "127.0.0.1:6379" },
+                Backend { name: "regional", server: "10.0.0.2:6379" },
+            ],
+        };
+        (m.snapshot().unwrap(), labels)
+    }
+
+    #[test]
+    fn exposition_per_backend() {
+        let (cells, labels) = two_backends();
+        let text = prometheus(&View { cells: &cells, zones: 1, backends: 2 }, &labels);
+        let h = "ratelimit_redis_call_duration_seconds";
+        let (d, r) = ("server=\"127.0.0.1:6379\"", "backend=\"regional\",server=\"10.0.0.2:6379\"");
+        for line in [
+            format!("{h}_bucket{{{d},le=\"0.00025\"}} 1"),
+            format!("{h}_count{{{d}}} 1"),
+            format!("{h}_bucket{{{r},le=\"0.0025\"}} 0"),
+            format!("{h}_bucket{{{r},le=\"0.005\"}} 2"),
+            format!("{h}_sum{{{r}}} 0.007"),
+            format!("{h}_count{{{r}}} 2"),
+            format!("ratelimit_redis_errors_total{{{d},kind=\"timeout\"}} 0"),
+            format!("ratelimit_redis_errors_total{{{r},kind=\"timeout\"}} 1"),
+            format!("ratelimit_redis_breaker_open{{{d}}} 0"),
+            format!("ratelimit_redis_breaker_open{{{r}}} 1"),
+            format!("ratelimit_redis_error_replies_total{{{r},class=\"other\"}} 0"),
+            "ratelimit_decisions_total{zone=\"q\",status=\"PASSED\"} 1".to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // Each Redis family once, both backends' samples under it; the default's first.
+        let families: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+        let mut unique = families.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), families.len(), "{text}");
+        let connections: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("ratelimit_redis_connections{")).collect();
+        assert_eq!(connections.len(), 2, "{text}");
+        assert!(connections[0].starts_with("ratelimit_redis_connections{server="));
+        // Only Redis series carry the label.
+        let labelled = text.lines().filter(|l| l.contains("backend=")).count();
+        let redis = text.lines().filter(|l| l.starts_with("ratelimit_redis_")).count();
+        assert_eq!(2 * labelled, redis, "{text}");
+    }
+
+    #[test]
+    fn json_per_backend() {
+        let (cells, labels) = two_backends();
+        let text = json(&View { cells: &cells, zones: 1, backends: 2 }, &labels);
+        let default = "\"redis\":{\"127.0.0.1:6379\":{\"call_duration_seconds\":{\"buckets\":\
+                       {\"0.0001\":0,\"0.00025\":1,";
+        assert!(text.contains(default), "{text}");
+        let regional = "\"backends\":{\"regional\":{\"10.0.0.2:6379\":\
+                        {\"call_duration_seconds\":{\"buckets\":{\"0.0001\":0,";
+        assert!(text.contains(regional), "{text}");
+        assert!(text.contains("\"sum\":0.007,\"count\":2}"), "{text}");
+        assert!(text.contains("\"breaker_open\":1,"), "{text}");
+        assert!(text.contains("\"errors\":{\"refused\":0,\"timeout\":1,"), "{text}");
+        assert!(text.contains("}}}},\"deny_cache_entries\":0,"), "{text}");
+        let depth = text.chars().try_fold(0i32, |d, c| {
+            let d = match c {
+                '{' => d + 1,
+                '}' => d - 1,
+                _ => d,
+            };
+            (d >= 0).then_some(d)
+        });
+        assert_eq!(depth, Some(0), "{text}");
+        // Only named backends: "redis" is empty.
+        let labels = Labels { zones: &["q"], backends: &labels.backends[1..] };
+        let cells = test_backends(1, 1).snapshot().unwrap();
+        let text = json(&View { cells: &cells, zones: 1, backends: 1 }, &labels);
+        assert!(text.contains("\"redis\":{},\"backends\":{\"regional\":{\"10.0.0.2"), "{text}");
     }
 
     #[test]

@@ -2,14 +2,15 @@
 //! shared memory zone (`ratelimit_metrics_zone`), updated with relaxed atomic adds where outcomes
 //! happen and read whole by the metrics location.
 //!
-//! The cells are found or allocated when the zone is set up, by zone and server name
-//! ([`store`]), so counting never allocates and a reload keeps the counters of the zones it
-//! keeps. A zone too small for them leaves [`Metrics::disabled`], which counts nothing and
+//! The cells are found or allocated when the zone is set up, by zone and Redis backend name
+//! ([`store`]), so counting never allocates and a reload keeps the counters of the zones and
+//! backends it keeps. A zone too small for them leaves [`Metrics::disabled`], which counts nothing and
 //! exports nothing (said once, at start).
 //!
 //! Pure Rust over the cells' memory, without nginx: the glue sets up the shared zone and serves
-//! the page (`crate::glue::metrics_zone`, `crate::glue::metrics_page`) and hands the
-//! [`Metrics`] handle to `crate::redis` when it makes the worker's pool. Imports
+//! the page (`crate::glue::metrics_zone`, `crate::glue::metrics_page`) and hands each backend's
+//! [`Metrics`] handle ([`Metrics::backend`]) to `crate::redis` when it makes the worker's pool
+//! for that backend. Imports
 //! `crate::decide::status` (the statuses it counts) and nothing else of the crate.
 
 pub mod format;
@@ -79,7 +80,7 @@ pub const REPLY_CLASSES: [&str; 13] = [
     "other",
 ];
 
-/// Counters of the Redis server; [`Metrics::count`].
+/// Counters of a Redis backend; [`Metrics::count`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {
     Connects = R_CONNECTS as isize,
@@ -99,9 +100,9 @@ pub enum Gauge {
     BreakerOpen = R_BREAKER_OPEN as isize,
 }
 
-// A snapshot's layout: per zone its statuses and units, then the Redis server's cells, then the
-// worker-summed ones. In the shared zone each zone's cells, the server's and the workers' are
-// separate blocks ([`store`]).
+// A snapshot's layout: per zone its statuses and units, then each Redis backend's cells, then
+// the worker-summed ones, then each zone's slot events. In the shared zone each zone's cells,
+// each backend's and the workers' are separate blocks ([`store`]).
 const Z_UNITS: usize = STATUSES.len();
 const Z_LEASE: usize = Z_UNITS + 1;
 pub const ZONE_CELLS: usize = Z_LEASE + LEASE_EVENTS.len();
@@ -167,27 +168,37 @@ const W_SETTLE_CHARGED: usize = 5;
 const W_SETTLE_LOST: usize = 6;
 const WORKER_CELLS: usize = 7;
 
-/// The cells of a snapshot of `zones` zones.
-const fn cells(zones: usize) -> usize {
-    zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS + zones * SLOT_EVENTS.len()
+/// The cells of a snapshot of `zones` zones and `backends` Redis backends.
+const fn cells(zones: usize, backends: usize) -> usize {
+    zones * ZONE_CELLS + backends * REDIS_CELLS + WORKER_CELLS + zones * SLOT_EVENTS.len()
 }
 
 /// A handle on the shared cells, copied wherever outcomes happen. Disabled (null) when the
-/// configuration has no metrics zone or the zone had no room.
+/// configuration has no metrics zone or the zone had no room. Zone and worker events count the
+/// same in every copy; Redis events count to the backend the copy was made for
+/// ([`Metrics::backend`]; the first one, 0, by default).
 #[derive(Debug, Clone, Copy)]
 pub struct Metrics {
     cells: *const Cells,
+    backend: usize,
 }
 
 impl Metrics {
     pub const fn disabled() -> Self {
-        Metrics { cells: ptr::null() }
+        Metrics { cells: ptr::null(), backend: 0 }
     }
 
     /// # Safety
     /// `cells` outlives the handle, and its blocks stay mapped meanwhile.
     pub unsafe fn new(cells: &Cells) -> Self {
-        Metrics { cells }
+        Metrics { cells, backend: 0 }
+    }
+
+    /// The same handle, counting Redis events to backend `b` (its index in the configuration,
+    /// as `Cells::redis` has its blocks). A backend without a block (none: disabled) counts no
+    /// Redis event, and its zones' events as any handle does.
+    pub const fn backend(self, b: usize) -> Self {
+        Metrics { cells: self.cells, backend: b }
     }
 
     pub fn enabled(&self) -> bool {
@@ -209,7 +220,9 @@ impl Metrics {
     fn redis(&self, i: usize, n: u64) {
         // SAFETY: `new`'s contract.
         if let Some(c) = unsafe { self.cells.as_ref() } {
-            Self::add(c.redis, i, n);
+            if let Some(&block) = c.redis.get(self.backend) {
+                Self::add(block, i, n);
+            }
         }
     }
 
@@ -329,11 +342,13 @@ impl Metrics {
             // SAFETY: `new`'s contract.
             (0..n).map(move |i| unsafe { (*block.add(i)).load(Relaxed) })
         };
-        let mut out = Vec::with_capacity(cells(c.zones.len()));
+        let mut out = Vec::with_capacity(cells(c.zones.len(), c.redis.len()));
         for &z in &c.zones {
             out.extend(read(z, ZONE_CELLS));
         }
-        out.extend(read(c.redis, REDIS_CELLS));
+        for &b in &c.redis {
+            out.extend(read(b, REDIS_CELLS));
+        }
         out.extend(read(c.worker, WORKER_CELLS));
         // Slot events last, per zone (zeros for the zones without a block).
         for z in 0..c.zones.len() {
@@ -346,10 +361,12 @@ impl Metrics {
     }
 }
 
-/// Reads a snapshot by meaning, for the formats.
+/// Reads a snapshot by meaning, for the formats: `zones` zones and `backends` Redis backends,
+/// in the order [`store::Cells`] has their blocks.
 pub struct View<'a> {
     pub cells: &'a [u64],
     pub zones: usize,
+    pub backends: usize,
 }
 
 impl View<'_> {
@@ -365,64 +382,83 @@ impl View<'_> {
     }
     /// Slots of `SLOT_EVENTS[i]`.
     pub fn slot(&self, zone: usize, i: usize) -> u64 {
-        let at = self.zones * ZONE_CELLS + REDIS_CELLS + WORKER_CELLS;
+        let at = self.zones * ZONE_CELLS + self.backends * REDIS_CELLS + WORKER_CELLS;
         self.cells[at + zone * SLOT_EVENTS.len() + i]
     }
-    fn redis(&self, i: usize) -> u64 {
-        self.cells[self.zones * ZONE_CELLS + i]
+    /// The cells of Redis backend `b`.
+    pub fn server(&self, b: usize) -> Server<'_> {
+        let at = self.zones * ZONE_CELLS + b * REDIS_CELLS;
+        Server { cells: &self.cells[at..at + REDIS_CELLS] }
     }
-    /// Cumulative, as Prometheus wants them.
-    pub fn buckets(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..BUCKETS_US.len()).scan(0, |sum, i| {
-            *sum += self.redis(R_BUCKETS + i);
-            Some(*sum)
-        })
-    }
-    pub fn round_trips(&self) -> u64 {
-        self.redis(R_COUNT)
-    }
-    pub fn round_trip_sum_us(&self) -> u64 {
-        self.redis(R_SUM_US)
-    }
-    pub fn counter(&self, c: Counter) -> u64 {
-        self.redis(c as usize)
-    }
-    /// Never below 0, even while one worker's decrement is seen before another's increment.
-    pub fn gauge(&self, g: Gauge) -> u64 {
-        (self.redis(g as usize) as i64).max(0) as u64
-    }
-    pub fn errors(&self, i: usize) -> u64 {
-        self.redis(R_ERRORS + i)
-    }
-    pub fn replies(&self, i: usize) -> u64 {
-        self.redis(R_REPLIES + i)
+    fn worker(&self, i: usize) -> u64 {
+        self.cells[self.zones * ZONE_CELLS + self.backends * REDIS_CELLS + i]
     }
     pub fn deny_cache_entries(&self) -> u64 {
-        (self.redis(REDIS_CELLS + W_DENY_ENTRIES) as i64).max(0) as u64
+        (self.worker(W_DENY_ENTRIES) as i64).max(0) as u64
     }
     pub fn waiting(&self) -> u64 {
-        (self.redis(REDIS_CELLS + W_WAITING) as i64).max(0) as u64
+        (self.worker(W_WAITING) as i64).max(0) as u64
     }
     /// Settled units given back, charged, and settlements lost.
     pub fn settlements(&self) -> (u64, u64, u64) {
-        let w = |i| self.redis(REDIS_CELLS + i);
+        let w = |i| self.worker(i);
         (w(W_SETTLE_RETURNED), w(W_SETTLE_CHARGED), w(W_SETTLE_LOST))
     }
     /// Requests delayed, and their waits in ms.
     pub fn delayed(&self) -> (u64, u64) {
-        (self.redis(REDIS_CELLS + W_DELAYED), self.redis(REDIS_CELLS + W_DELAY_MS))
+        (self.worker(W_DELAYED), self.worker(W_DELAY_MS))
     }
 }
 
-/// Cells on the heap, laid out as the shared zone's blocks.
+/// One Redis backend's cells in a snapshot ([`View::server`]).
+pub struct Server<'a> {
+    cells: &'a [u64],
+}
+
+impl Server<'_> {
+    /// Cumulative, as Prometheus wants them.
+    pub fn buckets(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..BUCKETS_US.len()).scan(0, |sum, i| {
+            *sum += self.cells[R_BUCKETS + i];
+            Some(*sum)
+        })
+    }
+    pub fn round_trips(&self) -> u64 {
+        self.cells[R_COUNT]
+    }
+    pub fn round_trip_sum_us(&self) -> u64 {
+        self.cells[R_SUM_US]
+    }
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.cells[c as usize]
+    }
+    /// Never below 0, even while one worker's decrement is seen before another's increment.
+    pub fn gauge(&self, g: Gauge) -> u64 {
+        (self.cells[g as usize] as i64).max(0) as u64
+    }
+    pub fn errors(&self, i: usize) -> u64 {
+        self.cells[R_ERRORS + i]
+    }
+    pub fn replies(&self, i: usize) -> u64 {
+        self.cells[R_REPLIES + i]
+    }
+}
+
+/// Cells on the heap, laid out as the shared zone's blocks, for one Redis backend.
 #[cfg(test)]
 pub(crate) fn test_metrics(zones: usize) -> Metrics {
+    test_backends(zones, 1)
+}
+
+/// Cells on the heap for `zones` zones and `backends` Redis backends.
+#[cfg(test)]
+pub(crate) fn test_backends(zones: usize, backends: usize) -> Metrics {
     let block = |n: usize| -> *const AtomicU64 {
         Box::leak((0..n).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>()).as_ptr()
     };
     let cells = Box::leak(Box::new(Cells {
         zones: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
-        redis: block(REDIS_CELLS),
+        redis: (0..backends).map(|_| block(REDIS_CELLS)).collect(),
         worker: block(WORKER_CELLS),
         // Every zone of a test counts slot events.
         slots: (0..zones).map(|_| block(ZONE_CELLS)).collect(),
@@ -443,21 +479,21 @@ mod tests {
         m.decision(0, Status::RejectedDryRun, 0);
         m.decision(0, Status::Skipped, 0);
         let cells = m.snapshot().unwrap();
-        let v = View { cells: &cells, zones: 2 };
+        let v = View { cells: &cells, zones: 2, backends: 1 };
         assert_eq!(v.status(1, 0), 2);
         assert_eq!(v.units(1), 4);
         assert_eq!(v.status(0, 4), 1);
         assert_eq!(v.units(0), 0);
         m.lease(1, LeaseEvent::Returned, 5);
         let cells = m.snapshot().unwrap();
-        let v = View { cells: &cells, zones: 2 };
+        let v = View { cells: &cells, zones: 2, backends: 1 };
         assert_eq!((v.lease(1, 0), v.lease(1, 1)), (0, 5));
         assert_eq!(cells.iter().sum::<u64>(), 2 + 4 + 1 + 5);
         m.slot(0, SlotEvent::Renewed);
         m.slot(0, SlotEvent::Renewed);
         m.slot(1, SlotEvent::Lapsed);
         let cells = m.snapshot().unwrap();
-        let v = View { cells: &cells, zones: 2 };
+        let v = View { cells: &cells, zones: 2, backends: 1 };
         assert_eq!((0..4).map(|i| v.slot(0, i)).collect::<Vec<_>>(), [0, 0, 2, 0]);
         assert_eq!(v.slot(1, 3), 1);
         assert_eq!(v.lease(1, 1), 5, "slot events have cells of their own");
@@ -480,22 +516,78 @@ mod tests {
         m.count(Counter::ScriptLoads);
         m.deny_cache_entries(5);
         let cells = m.snapshot().unwrap();
-        let v = View { cells: &cells, zones: 1 };
-        let b: Vec<u64> = v.buckets().collect();
+        let v = View { cells: &cells, zones: 1, backends: 1 };
+        let s = v.server(0);
+        let b: Vec<u64> = s.buckets().collect();
         assert_eq!(&b[..3], &[2, 3, 3]);
         assert_eq!(b[12], 3, "2 s is only in +Inf");
-        assert_eq!((v.round_trips(), v.round_trip_sum_us()), (4, 2_000_251));
-        assert_eq!((v.gauge(Gauge::InFlight), v.gauge(Gauge::Connections)), (1, 0));
-        assert_eq!(v.errors(1), 1);
-        assert_eq!((0..ERROR_KINDS.len()).map(|i| v.errors(i)).sum::<u64>(), 1);
-        assert_eq!((v.replies(1), v.replies(12)), (1, 1));
-        assert_eq!(v.counter(Counter::ScriptLoads), 1);
+        assert_eq!((s.round_trips(), s.round_trip_sum_us()), (4, 2_000_251));
+        assert_eq!((s.gauge(Gauge::InFlight), s.gauge(Gauge::Connections)), (1, 0));
+        assert_eq!(s.errors(1), 1);
+        assert_eq!((0..ERROR_KINDS.len()).map(|i| s.errors(i)).sum::<u64>(), 1);
+        assert_eq!((s.replies(1), s.replies(12)), (1, 1));
+        assert_eq!(s.counter(Counter::ScriptLoads), 1);
         assert_eq!(v.deny_cache_entries(), 5);
+    }
+
+    /// Issue 34: each backend's handle counts Redis events to its own block; zone and worker
+    /// events count the same through any handle, and the snapshot reads them where they were.
+    #[test]
+    fn two_backends_count_apart() {
+        let m = test_backends(2, 2);
+        let (a, b) = (m.backend(0), m.backend(1));
+        a.round_trip(150);
+        b.round_trip(2_000);
+        b.round_trip(2_500);
+        b.gauge(Gauge::Connections, 2);
+        a.gauge(Gauge::Connections, 1);
+        b.failure(Some(ErrorKind::Timeout));
+        b.count(Counter::BreakerOpenings);
+        b.gauge(Gauge::BreakerOpen, 1);
+        a.error_reply(b"NOSCRIPT No matching script");
+        // Zone, slot and worker events: one set of cells whatever the handle.
+        b.decision(0, Status::Passed, 1);
+        a.decision(0, Status::Passed, 1);
+        b.slot(1, SlotEvent::Taken);
+        b.deny_cache_entries(3);
+        b.delay(20);
+        // A backend the configuration does not have counts no Redis event, and nothing else.
+        m.backend(7).round_trip(10);
+        m.backend(7).decision(1, Status::Rejected, 0);
+        let cells = m.snapshot().unwrap();
+        assert_eq!(cells.len(), super::cells(2, 2));
+        let v = View { cells: &cells, zones: 2, backends: 2 };
+        let (sa, sb) = (v.server(0), v.server(1));
+        assert_eq!((sa.round_trips(), sa.round_trip_sum_us()), (1, 150));
+        assert_eq!((sb.round_trips(), sb.round_trip_sum_us()), (2, 4_500));
+        assert_eq!(sa.buckets().next(), Some(0));
+        assert_eq!(sb.buckets().nth(3), Some(0), "neither under 1 ms");
+        assert_eq!(sb.buckets().nth(4), Some(2), "both under 2.5 ms");
+        assert_eq!((sa.gauge(Gauge::Connections), sb.gauge(Gauge::Connections)), (1, 2));
+        assert_eq!((sa.errors(1), sb.errors(1)), (0, 1));
+        assert_eq!((sa.replies(0), sb.replies(0)), (1, 0));
+        assert_eq!(
+            (sa.counter(Counter::BreakerOpenings), sb.counter(Counter::BreakerOpenings)),
+            (0, 1)
+        );
+        assert_eq!((sa.gauge(Gauge::BreakerOpen), sb.gauge(Gauge::BreakerOpen)), (0, 1));
+        assert_eq!((v.status(0, 0), v.units(0), v.status(1, 2)), (2, 2, 1));
+        assert_eq!((v.slot(1, 0), v.slot(0, 0)), (1, 0));
+        assert_eq!((v.deny_cache_entries(), v.waiting(), v.delayed()), (3, 1, (1, 20)));
+        // Every event above in exactly one cell: nothing read twice or from another block.
+        let redis = 1 + 1 + 150 + 2 + 2 + 4_500 + 2 + 1 + 1 + 1 + 1 + 1;
+        let others = 2 + 2 + 1 + 1 + 3 + 1 + 1 + 20;
+        assert_eq!(cells.iter().sum::<u64>(), redis + others);
+        // The default handle is the first backend's.
+        m.round_trip(100);
+        let cells = m.snapshot().unwrap();
+        let v = View { cells: &cells, zones: 2, backends: 2 };
+        assert_eq!((v.server(0).round_trips(), v.server(1).round_trips()), (2, 2));
     }
 
     #[test]
     fn disabled_counts_and_shows_nothing() {
-        let m = Metrics::disabled();
+        let m = Metrics::disabled().backend(1);
         m.decision(0, Status::Passed, 1);
         m.round_trip(5);
         m.deny_cache_entries(1);

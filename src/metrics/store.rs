@@ -1,7 +1,8 @@
 //! Where the counters live in the shared zone, across reloads: one block of cells per zone name
-//! and per Redis server name, found again by name when a new configuration is set up, so that a
-//! reload keeps the counters of every zone it keeps, whatever else changed, and allocates only
-//! for names it has not seen.
+//! and per Redis backend (its server block, named by the caller: by the backend's name and
+//! address), found again by name when a new configuration is set up, so that a reload keeps the
+//! counters of every zone and backend it keeps, whatever else changed, and allocates only for
+//! names it has not seen.
 //!
 //! Only the master writes the directory (names, links, generations), while it sets up a cycle
 //! and before it forks; workers, of this configuration and of earlier ones still finishing
@@ -79,15 +80,28 @@ impl Entry {
     }
 }
 
-/// Where one configuration counts: a block per zone (in the configuration's order), its Redis
-/// server's block and the workers' cells; per zone, the block of its concurrency slot events
-/// (null for the zones that have none).
+/// Where one configuration counts: a block per zone (in the configuration's order), a block per
+/// Redis backend (in the order of the servers given to [`attach`]) and the workers' cells; per
+/// zone, the block of its concurrency slot events (null for the zones that have none).
 #[derive(Debug)]
 pub struct Cells {
     pub zones: Vec<*const AtomicU64>,
-    pub redis: *const AtomicU64,
+    pub redis: Vec<*const AtomicU64>,
     pub worker: *const AtomicU64,
     pub slots: Vec<*const AtomicU64>,
+}
+
+/// The name a Redis backend's block is found by, for [`attach`]: the unnamed backend's is its
+/// server's, as the one server's was before backends had names; a named one's is
+/// `name=NAME SERVER`, which no server written in an unnamed `ratelimit_redis` can be (`name=`
+/// would be its name there). A backend renamed, or given another server, has another block: its
+/// series have other labels, and start from 0.
+pub fn server_block(backend: &str, server: &str) -> String {
+    if backend.is_empty() {
+        server.to_owned()
+    } else {
+        format!("name={backend} {server}")
+    }
 }
 
 /// A new, empty directory, or null when the zone has no room for it.
@@ -95,9 +109,9 @@ pub fn create(slab: &mut impl Slab) -> *mut Directory {
     slab.calloc(size_of::<Directory>()) as *mut Directory
 }
 
-/// Finds or makes the blocks of a new configuration with these zone names and this Redis
-/// server; `None` when the zone is full (the blocks found or made so far stay for the next
-/// configuration).
+/// Finds or makes the blocks of a new configuration with these zone names and these Redis
+/// servers (one block per name; a name given twice gets one block, counted by both); `None`
+/// when the zone is full (the blocks found or made so far stay for the next configuration).
 ///
 /// # Safety
 /// `dir` comes from [`create`] with this `slab`, and only this process changes it meanwhile.
@@ -105,28 +119,34 @@ pub unsafe fn attach(
     dir: *mut Directory,
     slab: &mut impl Slab,
     zones: &[&str],
-    server: &str,
+    servers: &[&str],
 ) -> Option<Cells> {
     (*dir).generation += 1;
     let generation = (*dir).generation;
-    // The server first: with the zone full, a configuration with fewer zones still fits.
-    let wanted: Vec<(u32, &[u8])> = [(SERVER, server.as_bytes())]
-        .into_iter()
+    // The servers first: with the zone full, a configuration with fewer zones still fits.
+    let wanted: Vec<(u32, &[u8])> = servers
+        .iter()
+        .map(|s| (SERVER, s.as_bytes()))
         .chain(zones.iter().map(|z| (ZONE, z.as_bytes())))
         .collect();
     // Kept names first, so that a block is given to a new name only once every kept one has
     // claimed its own.
     let mut found: Vec<*mut Entry> =
         wanted.iter().map(|&(kind, name)| claim(dir, kind, name, generation)).collect();
-    for (slot, &(kind, name)) in found.iter_mut().zip(&wanted) {
-        if slot.is_null() {
-            *slot = reuse(dir, slab, kind, name, generation)
-                .or_else(|| add(dir, slab, kind, name, generation))?;
+    for i in 0..wanted.len() {
+        if found[i].is_null() {
+            let (kind, name) = wanted[i];
+            // A name given twice: the block its first mention just got.
+            found[i] = match claim(dir, kind, name, generation) {
+                e if !e.is_null() => e,
+                _ => reuse(dir, slab, kind, name, generation)
+                    .or_else(|| add(dir, slab, kind, name, generation))?,
+            };
         }
     }
     let mut cells = found.into_iter().map(|e| Entry::cells_of(e));
     Some(Cells {
-        redis: cells.next()?,
+        redis: cells.by_ref().take(servers.len()).collect(),
         zones: cells.collect(),
         worker: (*dir).worker.as_ptr(),
         slots: Vec::new(),
@@ -264,7 +284,7 @@ mod tests {
 
     unsafe fn reload(dir: *mut Directory, slab: &mut Budget, zones: &[String]) -> Option<Cells> {
         let zones: Vec<&str> = zones.iter().map(String::as_str).collect();
-        attach(dir, slab, &zones, "127.0.0.1:6379")
+        attach(dir, slab, &zones, &["127.0.0.1:6379"])
     }
 
     unsafe fn count(c: &Cells, zone: usize) -> u64 {
@@ -297,22 +317,22 @@ mod tests {
         unsafe {
             let mut slab = Budget::new(64 << 10);
             let dir = create(&mut slab);
-            let a = attach(dir, &mut slab, &["api", "ip"], "r:1").unwrap();
+            let a = attach(dir, &mut slab, &["api", "ip"], &["r:1"]).unwrap();
             (*a.zones[1]).fetch_add(7, Relaxed);
-            (*a.redis).fetch_add(3, Relaxed);
+            (*a.redis[0]).fetch_add(3, Relaxed);
             (*a.worker).fetch_add(2, Relaxed);
-            let b = attach(dir, &mut slab, &["new", "ip", "api"], "r:1").unwrap();
+            let b = attach(dir, &mut slab, &["new", "ip", "api"], &["r:1"]).unwrap();
             assert_eq!(b.zones[1], a.zones[1]);
             assert_eq!(b.zones[2], a.zones[0]);
-            assert_eq!((count(&b, 1), (*b.redis).load(Relaxed)), (7, 3));
+            assert_eq!((count(&b, 1), (*b.redis[0]).load(Relaxed)), (7, 3));
             assert_eq!((*b.worker).load(Relaxed), 2, "one worker gauge for every configuration");
             // Another server: its own block; the zones' blocks stay.
-            let c = attach(dir, &mut slab, &["ip"], "r:2").unwrap();
-            assert_ne!(c.redis, a.redis);
+            let c = attach(dir, &mut slab, &["ip"], &["r:2"]).unwrap();
+            assert_ne!(c.redis[0], a.redis[0]);
             assert_eq!(count(&c, 0), 7);
             // A zone and a server of one name are different blocks.
-            let d = attach(dir, &mut slab, &["r:2"], "r:2").unwrap();
-            assert_ne!(d.zones[0], d.redis);
+            let d = attach(dir, &mut slab, &["r:2"], &["r:2"]).unwrap();
+            assert_ne!(d.zones[0], d.redis[0]);
         }
     }
 
@@ -344,6 +364,49 @@ mod tests {
                 reload(dir, &mut slab, &gen(i)).unwrap();
                 assert_eq!(slab.used(), used, "configuration {i}");
             }
+        }
+    }
+
+    /// Issue 34: a block per backend, in the order given, each found again by its name in any
+    /// order; a renamed backend gets a new block, and the old one goes to a new name two
+    /// configurations later, as a zone's does.
+    #[test]
+    fn backends_keep_their_blocks_by_name() {
+        unsafe {
+            let mut slab = Budget::new(64 << 10);
+            let dir = create(&mut slab);
+            let zones = ["q", "r"];
+            let (default, regional) = (server_block("", "r:1"), server_block("regional", "r:2"));
+            assert_eq!((default.as_str(), regional.as_str()), ("r:1", "name=regional r:2"));
+            let a = attach(dir, &mut slab, &zones, &["r:1", "name=regional r:2"]).unwrap();
+            assert_eq!((a.redis.len(), a.zones.len()), (2, 2));
+            assert_ne!(a.redis[0], a.redis[1]);
+            (*a.redis[0]).fetch_add(3, Relaxed);
+            (*a.redis[1]).fetch_add(5, Relaxed);
+            // Declared the other way round: each backend's counters follow its name.
+            let b = attach(dir, &mut slab, &zones, &["name=regional r:2", "r:1"]).unwrap();
+            assert_eq!((b.redis[0], b.redis[1]), (a.redis[1], a.redis[0]));
+            assert_eq!(((*b.redis[0]).load(Relaxed), (*b.redis[1]).load(Relaxed)), (5, 3));
+            // "regional" renamed "eu": a new block from 0, while the running workers may still
+            // count to the old one.
+            let used = slab.used();
+            let c = attach(dir, &mut slab, &zones, &["r:1", "name=eu r:2"]).unwrap();
+            assert!(slab.used() > used, "a new block for the new name");
+            assert_eq!(c.redis[0], a.redis[0]);
+            assert!(!a.redis.contains(&c.redis[1]));
+            assert_eq!((*c.redis[1]).load(Relaxed), 0);
+            // Two configurations later "regional"'s block is free, and the next new name takes
+            // it, zeroed.
+            attach(dir, &mut slab, &zones, &["r:1", "name=eu r:2"]).unwrap();
+            let used = slab.used();
+            let e = attach(dir, &mut slab, &zones, &["r:1", "name=us r:3"]).unwrap();
+            assert!(slab.used() <= used, "no new block, only the new name's bytes");
+            assert_eq!(e.redis[1], a.redis[1]);
+            assert_eq!((*e.redis[1]).load(Relaxed), 0);
+            // No backend (no ratelimit_redis) and a name given twice.
+            assert!(attach(dir, &mut slab, &zones, &[]).unwrap().redis.is_empty());
+            let f = attach(dir, &mut slab, &zones, &["r:9", "r:9"]).unwrap();
+            assert_eq!(f.redis[0], f.redis[1], "one block for one name");
         }
     }
 
