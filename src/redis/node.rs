@@ -249,6 +249,12 @@ impl NodePool {
         &self.addr.name
     }
 
+    /// The server as log lines name it: its address, and its backend's name when it has one
+    /// (two backends may share a server).
+    pub fn shown(&self) -> Shown<'_> {
+        Shown { addr: &self.addr.name, backend: &self.conf().backend }
+    }
+
     /// Whether any decision still waits here.
     pub fn idle(&self) -> bool {
         // SAFETY: every pointer in `conns` is a live connection.
@@ -394,12 +400,12 @@ impl NodePool {
     /// once; an opening starts the background probes.
     pub(super) fn failed(&mut self, why: &RedisError) {
         self.metrics.failure(why.kind());
-        let name = self.addr.name.clone();
+        let name = self.shown().to_string();
         if !self.reported() {
             ngx_log_error!(
                 NGX_LOG_ERR,
                 log(),
-                "ratelimit: redis \"{name}\" {why}, requests follow ratelimit_fail"
+                "ratelimit: redis {name} {why}, requests follow ratelimit_fail"
             );
         }
         if self.breaker.failure() == Some(Transition::Opened) {
@@ -407,7 +413,7 @@ impl NodePool {
             ngx_log_error!(
                 NGX_LOG_WARN,
                 log(),
-                "ratelimit: redis \"{name}\" failed {} times in a row, not asked until it \
+                "ratelimit: redis {name} failed {} times in a row, not asked until it \
                  answers a probe (every {}ms at most)",
                 self.conf().fail_threshold,
                 self.breaker.backoff()
@@ -468,8 +474,8 @@ impl NodePool {
             ngx_log_error!(
                 NGX_LOG_INFO,
                 log(),
-                "ratelimit: redis \"{}\" probe failed, next in {delay}ms",
-                self.addr.name
+                "ratelimit: redis {} probe failed, next in {delay}ms",
+                self.shown()
             );
         }
         self.arm_probe();
@@ -501,9 +507,9 @@ impl NodePool {
             ngx_log_error!(
                 NGX_LOG_NOTICE,
                 log(),
-                "ratelimit: redis \"{}\" refuses undeclared keys of other slots in scripts \
+                "ratelimit: redis {} refuses undeclared keys of other slots in scripts \
                  ({}): its decisions are batched per slot",
-                self.addr.name,
+                self.shown(),
                 String::from_utf8_lossy(why)
             );
         }
@@ -521,9 +527,9 @@ impl NodePool {
                 ngx_log_error!(
                     NGX_LOG_ERR,
                     log(),
-                    "ratelimit: redis \"{}\" is a Redis Cluster node: set cluster=on in \
+                    "ratelimit: redis {} is a Redis Cluster node: set cluster=on in \
                      \"ratelimit_redis\"",
-                    self.addr.name
+                    self.shown()
                 );
             }
             if breaker::unusable(e) {
@@ -548,8 +554,8 @@ impl NodePool {
             ngx_log_error!(
                 NGX_LOG_NOTICE,
                 log(),
-                "ratelimit: redis \"{}\" answers again",
-                self.addr.name
+                "ratelimit: redis {} answers again",
+                self.shown()
             );
         }
         false
@@ -580,5 +586,20 @@ unsafe fn probe_done(owner: *mut c_void, result: Result<Reply, RedisError>) {
     match result {
         Ok(Reply::Error(_)) | Err(_) => node.probe_failed(),
         Ok(_) => {}
+    }
+}
+
+/// A server in a log line: `"ADDR"`, or `"ADDR" (backend "NAME")`.
+pub struct Shown<'a> {
+    addr: &'a str,
+    backend: &'a str,
+}
+
+impl core::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.backend {
+            "" => write!(f, "\"{}\"", self.addr),
+            b => write!(f, "\"{}\" (backend \"{b}\")", self.addr),
+        }
     }
 }

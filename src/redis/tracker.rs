@@ -224,11 +224,11 @@ impl Tracker {
     fn refused(&mut self, why: &str) {
         if !core::mem::replace(&mut self.refused_logged, true) {
             // SAFETY: the node outlives its tracker.
-            let name = unsafe { self.node.as_ref().name() };
+            let name = unsafe { self.node.as_ref().shown() };
             ngx_log_error!(
                 NGX_LOG_ERR,
                 log(),
-                "ratelimit: redis \"{name}\" refused client tracking ({why}): rejections are \
+                "ratelimit: redis {name} refused client tracking ({why}): rejections are \
                  remembered by the deny cache for 100ms at most (see docs/redis-acl.md)"
             );
         }

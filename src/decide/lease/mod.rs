@@ -57,6 +57,11 @@ const AUTO_MIN_UNITS: u64 = 4;
 
 /// How often reservations that could not be checked are tried again.
 const RECHECK_MS: u64 = 1000;
+/// A change Redis tells of within this long of this worker's own decision for the key is taken
+/// for that decision's write. Redis sends both at once; a change heard later is someone else's
+/// (a reset, perhaps): the decision may have written while the key was not tracked, so that
+/// no change of its own is ever told of.
+const OWN_WRITE_MS: u64 = 100;
 
 /// How much earlier than Redis's end of a reservation this worker stops spending it.
 pub fn margin_ms(life_ms: u64) -> u64 {
@@ -188,9 +193,9 @@ struct Entry {
     asking_until: u64,
     /// The last request of the key: a key idle for two lives is forgotten.
     touched: u64,
-    /// Redis answered a decision of this worker for the key, which wrote it, since the key's
-    /// tracking was renewed: the next change told of is most likely that write.
-    wrote: bool,
+    /// When Redis answered a decision of this worker for the key, which wrote it, since the
+    /// key's tracking was renewed: the next change told of soon after is most likely that write.
+    wrote: Option<u64>,
 }
 
 impl Entry {
@@ -205,7 +210,7 @@ impl Entry {
             log,
             asking_until: 0,
             touched: now,
-            wrote: false,
+            wrote: None,
         }
     }
 
@@ -366,11 +371,12 @@ impl Leases {
         want
     }
 
-    /// Redis answered a decision of this zone's key (granted or not): the next request may ask
-    /// again, and the change Redis tells of next is most likely this decision's write.
-    pub fn answered(&mut self, ask: &Ask<'_>) {
+    /// Redis answered a decision of this zone's key (granted or not) at `now`: the next request
+    /// may ask again, and the change Redis tells of next, if soon, is most likely this
+    /// decision's write.
+    pub fn answered(&mut self, ask: &Ask<'_>, now: u64) {
         if let Some(e) = self.entry(&ask.key) {
-            (e.asking_until, e.wrote) = (0, true);
+            (e.asking_until, e.wrote) = (0, Some(now));
         }
     }
 
@@ -403,7 +409,7 @@ impl Leases {
             }
         };
         // The handler has just renewed the key's tracking, after this decision's write.
-        (e.asking_until, e.wrote) = (0, false);
+        (e.asking_until, e.wrote) = (0, None);
         let old = e.held.replace(held(grant, margin, ask.figures, remaining, started, reset_ms));
         old.and_then(|h| h.give_back(ask.key.zone, stored_key(&e.key), log))
     }

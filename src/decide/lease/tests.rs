@@ -43,7 +43,7 @@ fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
     for t in 11..40 {
         assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, t), 0);
     }
-    l.answered(&a);
+    l.answered(&a, 40);
     assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 50), 34);
     // Unanswered for a whole life: asked again. The next life asks for what the last took.
     assert_eq!(l.want(&a, LeaseSize::Auto, 1000, false, 1100), 35);
@@ -52,7 +52,7 @@ fn auto_asks_nothing_for_a_key_seen_once_then_what_it_took_over_a_life() {
     let big = Ask { cost: 500, ..ask(b"k", 500) };
     assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5001), 0);
     assert_eq!(l.want(&big, LeaseSize::Auto, 1000, false, 5002), 100);
-    l.answered(&a);
+    l.answered(&a, 5002);
     assert_eq!(l.want(&a, LeaseSize::Fixed(7), 1000, false, 5003), 7);
 }
 
@@ -160,7 +160,7 @@ fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_ou
     assert!(!l.checked(KEY, c, Some(true), 0));
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some());
     // Redis answered this worker's own decision of the key: its write is the change told of.
-    l.answered(&ask(b"k", 5));
+    l.answered(&ask(b"k", 5), 8);
     assert!(l.changed(3, KEY, 10).is_some());
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "spent during that check");
     let c = check_of(&mut l, false);
@@ -168,6 +168,20 @@ fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_ou
     assert!(!l.checked(KEY, c, Some(false), 0));
     assert_eq!(l.try_spend([ask(b"k", 1)], 10), None);
     assert_eq!(l.drain(), vec![]);
+}
+
+#[test]
+fn a_change_heard_long_after_this_workers_decision_is_someone_elses() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    // A decision that wrote while the key was not tracked: no change of its own is ever told
+    // of, and a reset a second later must not pass for it.
+    l.answered(&ask(b"k", 5), 0);
+    assert!(l.changed(3, KEY, 1000).is_some());
+    assert_eq!(l.try_spend([ask(b"k", 1)], 1000), None, "stopped until the check answers");
+    let c = check_of(&mut l, false);
+    assert!(!l.checked(KEY, c, Some(false), 1000));
+    assert_eq!(l.try_spend([ask(b"k", 1)], 1000), None);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! the spending of its reservations until a check by rid says they are still of the key's life;
 //! lost tracking leaves them spendable until they can be checked again.
 
-use super::{Check, Checking, Leases, RECHECK_MS};
+use super::{Check, Checking, Leases, OWN_WRITE_MS, RECHECK_MS};
 use crate::decide::table_key::{stored_key, stored_zone, TableKey};
 
 impl Leases {
@@ -30,7 +30,7 @@ impl Leases {
         let mut track = None;
         for zone in 0..zones {
             let Some(e) = self.entry(&TableKey::new(zone, &[key])) else { continue };
-            let own = core::mem::take(&mut e.wrote);
+            let own = e.wrote.take().is_some_and(|at| now.saturating_sub(at) <= OWN_WRITE_MS);
             let Some(h) = e.held.as_mut() else { continue };
             if h.checking == Checking::No {
                 (h.checking, h.checking_since) = (Checking::Tracking, now);

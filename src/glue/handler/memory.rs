@@ -149,7 +149,10 @@ pub(super) unsafe fn admitted_from_reservations(ctx: &mut Ctx, mcf: &MainConf) -
 /// Redis answered the request's zones that asked for reservations.
 pub(super) fn answered(ctx: &Ctx, mcf: &MainConf) {
     if let Some(leases) = mcf.leases.borrow_mut().as_mut() {
-        ctx.zones.iter().filter(|z| z.lease.is_some()).for_each(|z| leases.answered(&z.ask()));
+        // SAFETY: the worker's cached clock, read on its only thread.
+        let now = unsafe { ngx_current_msec } as u64;
+        let leased = ctx.zones.iter().filter(|z| z.lease.is_some());
+        leased.for_each(|z| leases.answered(&z.ask(), now));
     }
 }
 
