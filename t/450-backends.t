@@ -9,6 +9,7 @@
 #   on the other backend; the other way round (r rejects, q's units given back)
 # - the deny cache on both backends, and a rejection by one remembered for the
 #   location; a DEL on the regional Redis heard by its tracking
+# - ratelimit_admin on a regional zone reads and deletes the key on the regional Redis
 # - metrics: the named backend's series carry backend="regional", the
 #   unnamed one's are today's
 # - the regional Redis SIGSTOPped: q alone stays exact and answers at once; a
@@ -70,6 +71,7 @@ my $config = <<'EOF';
     location = /dr     { ratelimit dr; }
     location = /dboth  { ratelimit dq2; ratelimit dr; }
     location = /metrics { ratelimit_metrics; }
+    location = /admin/r { ratelimit_admin r; }
 EOF
 nginx()->write_html({ map { $_ => "ok\n" } qw(both q r qrs closed dq dr dboth rq sq lq lr lboth Lq Lr Lboth rr qr) });
 start_nginx(http_config => $backends . $zones, config => $config);
@@ -93,6 +95,16 @@ start_nginx(http_config => $backends . $zones, config => $config);
     is(dcmd('ZCARD', 'rl:q:b'), 2, "q on the default Redis counts only the 2 admitted: the rejected ones' units given back");
     is(rcmd('ZCARD', 'rl:rs:b'), 2, 'rs on the regional Redis counts 2');
     is(keys_of(dcmd('KEYS', 'rl:rs:*')), '', 'no key of rs on the default Redis');
+}
+
+# --- ratelimit_admin on a zone of the regional backend reads and resets its key there.
+{
+    my $r = http_request(port => server_port(), request => 'GET /admin/r?key=a');
+    like($r->{body} // '', qr/^\{"zone":"r","key":"a","limit":100,"remaining":97,/, 'ratelimit_admin r: reads the regional key (3 of 100 used)');
+    $r = http_request(port => server_port(), request => 'DELETE /admin/r?key=a');
+    like($r->{body} // '', qr/"deleted":true/, 'ratelimit_admin r: DELETE removes it');
+    is(rcmd('EXISTS', 'rl:r:a'), 0, '... from the regional Redis');
+    is(dcmd('ZCARD', 'rl:q:a'), 3, "... and q's key on the default Redis is untouched");
 }
 
 # --- The deny cache on both backends.
