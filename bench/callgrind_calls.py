@@ -17,9 +17,13 @@ Prints, per request:
  - what the module calls outside itself (libc, nginx): callee, calls, inclusive Ir, callers;
  - calls within the module into Rust's allocation, hashing and formatting.
 """
+import os
 import re
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from instructions import compressed_name  # noqa: E402
 
 
 def parse(path, module_base):
@@ -34,13 +38,7 @@ def parse(path, module_base):
     pending_call = None
 
     def name_of(kind, rest):
-        m = re.match(r"\((\d+)\)(?: (.*))?$", rest)
-        if not m:
-            return rest
-        key = (kind, m.group(1))
-        if m.group(2) is not None:
-            names[key] = m.group(2)
-        return names.get(key, "")
+        return compressed_name(names, kind, rest)
 
     with open(path, errors="replace") as f:
         for line in f:

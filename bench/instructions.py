@@ -188,6 +188,18 @@ def drive(port, path, count):
     return statuses
 
 
+
+def compressed_name(names, kind, rest):
+    """A name of a callgrind file, whose names are compressed: "(N) name" defines N for its kind
+    (ob, fl, fn), "(N)" alone refers to it; `names` keeps the definitions."""
+    m = re.match(r"\((\d+)\)(?: (.*))?$", rest)
+    if not m:
+        return rest
+    key = (kind, m.group(1))
+    if m.group(2) is not None:
+        names[key] = m.group(2)
+    return names.get(key, "")
+
 def parse_callgrind(path, module_so):
     """Total Ir, and calls to the malloc family: all, and those from the module's object."""
     names = {}
@@ -198,13 +210,7 @@ def parse_callgrind(path, module_so):
     module_base = os.path.basename(module_so)
 
     def name_of(kind, rest):
-        m = re.match(r"\((\d+)\)(?: (.*))?", rest)
-        if not m:
-            return rest
-        key = (kind, m.group(1))
-        if m.group(2) is not None:
-            names[key] = m.group(2)
-        return names.get(key, "")
+        return compressed_name(names, kind, rest)
 
     with open(path, errors="replace") as f:
         for line in f:
