@@ -303,8 +303,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     if lcf.deny_cache() && !lcf.dry_run() && rejected_from_memory(ctx, mcf) {
         return apply(ctx, lcf, mcf);
     }
-    let leasing = !lcf.dry_run() && ctx.zones.iter().any(|z| mcf.zones[z.zone].lease.is_some());
-    if leasing && admitted_from_reservations(ctx, mcf) {
+    if lcf.leasing && admitted_from_reservations(ctx, mcf) {
         return apply(ctx, lcf, mcf);
     }
 
