@@ -1,6 +1,7 @@
 //! Formatting of the RateLimit response headers and `Retry-After`.
 
-use crate::decide::text::StackText;
+use crate::decide::params::MAX_ZONE_NAME;
+use crate::decide::text::Text;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeaderMode {
@@ -67,30 +68,52 @@ pub fn policy_quota(limit: u64, window_ms: u64) -> (u64, u64) {
     (u64::try_from(q).unwrap_or(u64::MAX), w)
 }
 
+/// The most bytes [`format`] writes for a location of `zones` zones: every value at its longest
+/// (a number is at most 20 digits).
+pub fn room(mode: HeaderMode, zones: usize) -> usize {
+    const NUM: usize = 20;
+    // `"name";q=N;w=N` and `"name";r=N;t=N`.
+    const DRAFT: usize = MAX_ZONE_NAME + 2 + 2 * (3 + NUM);
+    let retry_after = NUM;
+    retry_after
+        + match mode {
+            HeaderMode::Off => 0,
+            HeaderMode::Legacy => 3 * NUM,
+            HeaderMode::Draft => (zones + 1) * DRAFT,
+        }
+}
+
 /// Hands the headers for one decision to `emit`, in the order they are sent; stops at the first
-/// `None` from `emit` (the request's pool is exhausted) and returns it. `policies` are every zone
-/// of the location: in draft mode each gets a `RateLimit-Policy` field line (a list may span
-/// field lines, RFC 9110 section 5.3), while `RateLimit` reports the deciding zone `q`.
+/// `None` from `emit` (the request's pool is exhausted) and returns it. The values are written
+/// one after another into `out`, [`room`] bytes, and handed over where they lie: the request's
+/// pool holds them all in one allocation, copied no more. `policies` are every zone of the
+/// location: in draft mode each gets a `RateLimit-Policy` field line (a list may span field
+/// lines, RFC 9110 section 5.3), while `RateLimit` reports the deciding zone `q`.
 pub fn format<'a>(
     mode: HeaderMode,
     q: &Quota<'_>,
     policies: impl Iterator<Item = Policy<'a>>,
+    out: &mut [u8],
     mut emit: impl FnMut(&'static Name, &[u8]) -> Option<()>,
 ) -> Option<()> {
     let reset = ceil_secs(q.reset_ms);
-    let mut v = StackText::default();
-    // Zone names are at most 64 characters, so the values always fit in a StackText.
-    let mut put = |name: &'static Name, value: &StackText| emit(name, value.get()?);
+    let mut v = Text::new(out);
+    // `room` counts every value at its longest, so they always fit.
+    let mut put = |name: &'static Name, value: &mut Text<&mut [u8]>| {
+        emit(name, value.get()?)?;
+        value.after();
+        Some(())
+    };
     match mode {
         HeaderMode::Off => {}
         HeaderMode::Legacy => {
-            put(&LIMIT, v.clear().num(q.limit))?;
-            put(&REMAINING, v.clear().num(q.remaining))?;
-            put(&RESET, v.clear().num(reset))?;
+            put(&LIMIT, v.num(q.limit))?;
+            put(&REMAINING, v.num(q.remaining))?;
+            put(&RESET, v.num(reset))?;
         }
         HeaderMode::Draft => {
             for p in policies {
-                v.clear().push(b"\"").push(p.zone.as_bytes()).push(b"\";q=");
+                v.push(b"\"").push(p.zone.as_bytes()).push(b"\";q=");
                 if p.window_ms == 0 {
                     // A balance: no window, only an operator refills it.
                     v.num(p.limit);
@@ -98,15 +121,15 @@ pub fn format<'a>(
                     let (quota, w) = policy_quota(p.limit, p.window_ms);
                     v.num(quota).push(b";w=").num(w);
                 }
-                put(&POLICY, &v)?;
+                put(&POLICY, &mut v)?;
             }
-            v.clear().push(b"\"").push(q.zone.as_bytes()).push(b"\";r=").num(q.remaining);
+            v.push(b"\"").push(q.zone.as_bytes()).push(b"\";r=").num(q.remaining);
             put(&RATELIMIT, v.push(b";t=").num(reset))?;
         }
     }
     // No time readmits a request an empty balance rejected: no Retry-After to hammer on.
     if q.rejected && q.window_ms != 0 {
-        put(&RETRY_AFTER, v.clear().num(reset.max(1)))?;
+        put(&RETRY_AFTER, v.num(reset.max(1)))?;
     }
     Some(())
 }
@@ -126,7 +149,8 @@ mod tests {
         policies: &[Policy<'_>],
     ) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
-        super::format(mode, q, policies.iter().copied(), |name, value| {
+        let mut buf = vec![0; room(mode, policies.len())];
+        super::format(mode, q, policies.iter().copied(), &mut buf, |name, value| {
             assert_eq!(name.lower, name.text.to_ascii_lowercase());
             out.push((name.text, String::from_utf8(value.to_vec()).unwrap()));
             Some(())

@@ -23,11 +23,14 @@ pub fn parse_cost(value: &str) -> Option<u64> {
     parse_uint(value, 0, MAX_LIMIT)
 }
 
+/// A zone name's most bytes: the headers that name it have room for that many.
+pub const MAX_ZONE_NAME: usize = 64;
+
 /// Zone names appear in Redis keys and, quoted, in the draft RateLimit headers, so they are kept
 /// to characters that need no escaping in either.
 pub fn valid_zone_name(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 64
+        && name.len() <= MAX_ZONE_NAME
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 

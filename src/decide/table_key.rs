@@ -18,6 +18,10 @@ pub struct TableKey<'a> {
     pub zone: usize,
     pub parts: [&'a [u8]; 4],
     pub hash: u64,
+    /// Built by the zone's [`TableHead`]: the first three parts are the head's, this many bytes,
+    /// the same in every key of the zone the tables hold, so only the value (`parts[3]`) is
+    /// compared. `None` for a key split any other way (a whole key Redis named): all compared.
+    head: Option<usize>,
 }
 
 impl<'a> TableKey<'a> {
@@ -25,7 +29,7 @@ impl<'a> TableKey<'a> {
     pub fn new(zone: usize, parts: &[&'a [u8]]) -> Self {
         let mut all: [&[u8]; 4] = [b""; 4];
         all[..parts.len()].copy_from_slice(parts);
-        TableHead::new(zone, &all[..3]).key(all)
+        TableKey { head: None, ..TableHead::new(zone, &all[..3]).key(all) }
     }
 
     /// The whole Redis key, as Redis names it.
@@ -42,13 +46,19 @@ impl<'a> TableKey<'a> {
         out.into_boxed_slice()
     }
 
-    /// Whether an entry's `stored` bytes are this key's.
+    /// Whether an entry's `stored` bytes are this key's. Every entry was stored from a
+    /// request's key (`TableHead::key`), so an entry of this zone starts with the zone's head:
+    /// a key built by the head compares its value only, one short compare per lookup.
     pub fn is(&self, stored: &[u8]) -> bool {
-        let len = self.parts.iter().map(|p| p.len()).sum::<usize>();
-        if stored.len() != ZONE_LEN + len || stored[..ZONE_LEN] != self.zone.to_ne_bytes() {
+        let Some(rest) = stored.strip_prefix(&self.zone.to_ne_bytes()) else { return false };
+        if let Some(head) = self.head {
+            let value = self.parts[3];
+            return rest.len() == head + value.len() && rest[head..] == *value;
+        }
+        if rest.len() != self.parts.iter().map(|p| p.len()).sum::<usize>() {
             return false;
         }
-        let mut rest = &stored[ZONE_LEN..];
+        let mut rest = rest;
         self.parts.iter().all(|p| {
             let (head, tail) = rest.split_at(p.len());
             rest = tail;
@@ -64,6 +74,8 @@ impl<'a> TableKey<'a> {
 pub struct TableHead {
     zone: usize,
     state: DefaultHasher,
+    /// The head's length in bytes.
+    len: usize,
 }
 
 impl TableHead {
@@ -73,14 +85,14 @@ impl TableHead {
         state.write(&zone.to_ne_bytes());
         // A byte stream: the same key split differently hashes the same.
         head.iter().for_each(|p| state.write(p));
-        TableHead { zone, state }
+        TableHead { zone, state, len: head.iter().map(|p| p.len()).sum() }
     }
 
     /// The key of `parts`, the first three of which are this head's.
     pub fn key<'a>(&self, parts: [&'a [u8]; 4]) -> TableKey<'a> {
         let mut h = self.state.clone();
         h.write(parts[3]);
-        TableKey { zone: self.zone, parts, hash: h.finish() }
+        TableKey { zone: self.zone, parts, hash: h.finish(), head: Some(self.len) }
     }
 }
 
@@ -156,8 +168,7 @@ mod tests {
     #[test]
     fn the_lease_and_deny_paths_allocate_nothing() {
         let figures = Figures { limit: 1000, window_ms: 60_000 };
-        let heads =
-            [TableHead::new(0, &[b"rl:", b"ip", b":"]), TableHead::new(1, &[b"", b"", b""])];
+        let heads = [0, 1].map(|zone| TableHead::new(zone, &[b"rl:", b"ip", b":"]));
         let (mut leases, mut cache) = (Leases::new(100, 0), DenyCache::new(100));
         let grant = Grant { units: 500, life_ms: 1000, token: 1, rid: 1 };
         for (z, head) in heads.iter().enumerate() {
@@ -199,6 +210,14 @@ mod tests {
         }
         assert!(!TableKey::new(3, &[b"rl:api:bo", b"c"]).is(&whole.stored()));
         let head = TableHead::new(3, &[b"rl:", b"api", b":"]);
-        assert_eq!(head.key([b"rl:", b"api", b":", b"bob"]).hash, whole.hash);
+        let headed = head.key([b"rl:", b"api", b":", b"bob"]);
+        assert_eq!(headed.hash, whole.hash);
+        // The invalidation path finds a request's entry by the whole key, and the other way.
+        assert!(whole.is(&headed.stored()) && headed.is(&whole.stored()));
+        for other in ["bo", "bobs", "eve"].map(|v| head.key([b"rl:", b"api", b":", v.as_bytes()])) {
+            assert!(!other.is(&headed.stored()) && !headed.is(&other.stored()));
+        }
+        let other_zone = TableHead::new(4, &[b"rl:", b"api", b":"]);
+        assert!(!other_zone.key([b"rl:", b"api", b":", b"bob"]).is(&headed.stored()));
     }
 }

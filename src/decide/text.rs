@@ -1,42 +1,60 @@
-//! Short values (header values, numbers for variables) assembled on the stack from bytes and
-//! integers: they are copied into the request's pool anyway, so a heap `String` in between is
-//! wasted work per request, and so is `core::fmt`'s machinery for a few decimal numbers.
+//! Short values (header values, numbers for variables) assembled from bytes and integers, on
+//! the stack or straight into the request's pool: a heap `String` in between is wasted work per
+//! request, and so is `core::fmt`'s machinery for a few decimal numbers.
 
 use crate::codec::resp::fmt_u64;
 
 /// Long enough for a draft header with a 64-character zone name and three 20-digit numbers.
 const CAPACITY: usize = 160;
 
-pub struct StackText {
-    buf: [u8; CAPACITY],
+/// Values written into `buf`: one at a time (`clear`), or one after another (`after`), each left
+/// where it was written.
+pub struct Text<B> {
+    buf: B,
+    /// Where the value being written starts ...
+    start: usize,
+    /// ... and ends.
     len: usize,
     /// Something did not fit: the value is cut, and `get` refuses it.
     overflow: bool,
 }
 
+/// A value on the stack, copied where it goes.
+pub type StackText = Text<[u8; CAPACITY]>;
+
 impl Default for StackText {
     fn default() -> Self {
-        StackText { buf: [0; CAPACITY], len: 0, overflow: false }
+        Text::new([0; CAPACITY])
     }
 }
 
-impl StackText {
-    /// The value, unless something pushed since the last `clear` did not fit.
+impl<B: AsRef<[u8]> + AsMut<[u8]>> Text<B> {
+    pub fn new(buf: B) -> Self {
+        Text { buf, start: 0, len: 0, overflow: false }
+    }
+
+    /// The value, unless something pushed since the last `clear` or `after` did not fit.
     pub fn get(&self) -> Option<&[u8]> {
-        (!self.overflow).then_some(&self.buf[..self.len])
+        (!self.overflow).then_some(&self.buf.as_ref()[self.start..self.len])
     }
 
     pub fn clear(&mut self) -> &mut Self {
-        (self.len, self.overflow) = (0, false);
+        (self.start, self.len, self.overflow) = (0, 0, false);
+        self
+    }
+
+    /// Starts a value after the last one, which stays as it is.
+    pub fn after(&mut self) -> &mut Self {
+        (self.start, self.overflow) = (self.len, false);
         self
     }
 
     pub fn push(&mut self, bytes: &[u8]) -> &mut Self {
         let end = self.len + bytes.len();
-        if end > CAPACITY {
+        if end > self.buf.as_ref().len() {
             self.overflow = true;
         } else {
-            self.buf[self.len..end].copy_from_slice(bytes);
+            self.buf.as_mut()[self.len..end].copy_from_slice(bytes);
             self.len = end;
         }
         self
@@ -77,5 +95,16 @@ mod tests {
         assert_eq!(t.get().map(<[u8]>::len), Some(CAPACITY));
         t.push(b"z");
         assert_eq!(t.get(), None);
+    }
+
+    #[test]
+    fn values_one_after_another_stay_where_they_were_written() {
+        let mut buf = [0; 8];
+        let mut t = Text::new(&mut buf[..]);
+        assert_eq!(t.num(42).get(), Some(&b"42"[..]));
+        assert_eq!(t.after().push(b"ab").num(7).get(), Some(&b"ab7"[..]));
+        assert_eq!(t.after().num(1234).get(), None, "8 bytes in all");
+        assert_eq!(t.after().num(9).get(), Some(&b"9"[..]));
+        assert_eq!(&buf[..6], b"42ab79");
     }
 }

@@ -247,6 +247,9 @@ pub struct LocConf {
     /// Its zones live on several backends: a decision is asked of each, all at once, and the
     /// lines are kept grouped by backend, in the order written otherwise.
     pub several: bool,
+    /// Some zone of the location reserves (`lease=`) and the location is no dry run: its
+    /// requests look for reservations first.
+    pub leasing: bool,
 }
 
 impl LocConf {
@@ -301,6 +304,7 @@ pub unsafe extern "C" fn merge_loc_conf(
     conf.fail_local_share = conf.fail_local_share.or(prev.fail_local_share);
     conf.dry_run = conf.dry_run.or(prev.dry_run);
 
+    let dry_run = conf.dry_run();
     let Some(limits) = conf.limits.as_mut().filter(|l| !l.is_empty()) else {
         return ptr::null_mut();
     };
@@ -346,6 +350,8 @@ pub unsafe extern "C" fn merge_loc_conf(
         limits.iter().find(|l| names.contains(&l.name)).map(|l| l.name.clone())
     };
     conf.delaying = delayed.is_some();
+    // A dry run asks Redis every time, so what it reports is what Redis would decide now.
+    conf.leasing = !dry_run && limits.iter().any(|l| mcf.zones[l.zone].lease.is_some());
     if let (Some(delayed), true) = (&delayed, conf.several) {
         let limit = limits.iter().find(|l| &l.name == delayed).unwrap_or(&limits[0]);
         return fail(

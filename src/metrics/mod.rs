@@ -307,7 +307,11 @@ impl Metrics {
     }
 
     pub fn deny_cache_entries(&self, delta: i64) {
-        self.worker(W_DENY_ENTRIES, delta as u64);
+        // Most requests change nothing: no add of 0 into the shared zone, whose line every
+        // worker writes.
+        if delta != 0 {
+            self.worker(W_DENY_ENTRIES, delta as u64);
+        }
     }
 
     /// A request starts waiting `ms` for its turn.

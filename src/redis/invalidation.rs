@@ -7,6 +7,7 @@
 //! called back into the handler from a connection.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::codec::resp::Reply;
 
@@ -85,6 +86,11 @@ thread_local! {
     static PENDING: RefCell<Pending> = RefCell::default();
 }
 
+/// Something is in `PENDING`: what every request reads, in a plain static, because in a shared
+/// object each access to a thread-local is a call (`__tls_get_addr`). The worker is one thread,
+/// so it says exactly what its list holds.
+static ANY: AtomicBool = AtomicBool::new(false);
+
 /// One of what [`drain`] hands over.
 pub enum Forget<'a> {
     /// Anything may have changed (`FLUSHALL`, or more changes than could be listed).
@@ -115,11 +121,13 @@ pub fn forget_all() {
         p.all = true;
         p.keys.clear();
     });
+    ANY.store(true, Relaxed);
 }
 
 /// Every remembered rejection must go: its tracking was lost.
 pub fn unheard() {
     PENDING.with(|p| p.borrow_mut().unheard = true);
+    ANY.store(true, Relaxed);
 }
 
 /// The rejections remembered for `key` must go: Redis says it changed.
@@ -150,19 +158,18 @@ fn push(key: &[u8], said: Said) {
             p.keys.push((key.to_vec(), said));
         }
     });
+    ANY.store(true, Relaxed);
 }
 
 /// Whether anything waits for [`drain`]: checked on every request, which mostly finds nothing.
 pub fn pending() -> bool {
-    PENDING.with(|p| {
-        let p = p.borrow();
-        p.all || p.unheard || !p.keys.is_empty()
-    })
+    ANY.load(Relaxed)
 }
 
 /// Hands over what must be forgotten, once.
 pub fn drain(mut f: impl FnMut(Forget<'_>)) {
     let p = PENDING.with(|p| core::mem::take(&mut *p.borrow_mut()));
+    ANY.store(false, Relaxed);
     if p.all {
         f(Forget::All);
     }

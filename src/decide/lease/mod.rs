@@ -285,38 +285,62 @@ impl Leases {
     /// Spends `cost` units of each zone's reservation if every zone has them, and nothing
     /// otherwise (a request is admitted by all its zones or goes to Redis). Returns the zone
     /// with the least left, as after a Redis decision: its index, remaining units and reset in
-    /// ms, for the headers. `asks` is gone through twice, so it is an iterator the caller
-    /// need not collect.
+    /// ms, for the headers. Each key is looked up once: its units are spent as it is found, and
+    /// given back if a later zone cannot admit the request (which then goes to Redis, a round
+    /// trip that dwarfs the second lookup). `asks` is an iterator the caller need not collect.
     pub fn try_spend<'k>(
         &mut self,
         asks: impl IntoIterator<Item = Ask<'k>, IntoIter: Clone>,
         now: u64,
     ) -> Option<(usize, u64, u64)> {
         let asks = asks.into_iter();
-        for a in asks.clone() {
-            let h = self.entry(&a.key)?.held.as_ref()?;
-            if h.left() < a.cost || now >= h.until || h.figures != a.figures || h.suspect {
-                return None;
-            }
-        }
         let mut out: Option<(usize, u64, u64)> = None;
-        for (i, a) in asks.enumerate() {
-            // The first pass found the key at its hash, and nothing has changed since.
-            let e = self.map.get_mut(&a.key.hash)?;
-            e.roll(now);
-            e.now_units += a.cost;
-            e.touched = now;
-            let h = e.held.as_mut()?;
+        let mut used_up = false;
+        for (i, a) in asks.clone().enumerate() {
+            let spendable = |h: &&mut Held| {
+                h.left() >= a.cost && now < h.until && h.figures == a.figures && !h.suspect
+            };
+            let Some(e) = self.entry(&a.key) else { return self.unspend(asks.take(i)) };
+            let Some(h) = e.held.as_mut().filter(spendable) else {
+                return self.unspend(asks.take(i));
+            };
             h.spent += a.cost;
             let remaining = h.remaining + h.left();
             if out.is_none_or(|(_, least, _)| remaining < least) {
                 out = Some((i, remaining, h.reset_at.saturating_sub(now)));
             }
-            if h.left() == 0 {
-                e.held = None;
+            used_up |= h.left() == 0;
+            // What the exact path's `want` does to the key as well, were the request not
+            // admitted here.
+            e.roll(now);
+            e.now_units += a.cost;
+            e.touched = now;
+        }
+        if used_up {
+            // Let go once the request is admitted (a zone after it could have given its units
+            // back), so that the key's next request asks for another.
+            for a in asks {
+                if let Some(e) =
+                    self.entry(&a.key).filter(|e| e.held.is_some_and(|h| h.left() == 0))
+                {
+                    e.held = None;
+                }
             }
         }
         out
+    }
+
+    /// The units `try_spend` took for `asks`, the zones before the one that could not admit
+    /// the request, back in their reservations; always `None`, `try_spend`'s answer then.
+    fn unspend<'k>(&mut self, asks: impl Iterator<Item = Ask<'k>>) -> Option<(usize, u64, u64)> {
+        for a in asks {
+            // Found and spent a moment ago, with nothing changed in between.
+            if let Some(e) = self.entry(&a.key) {
+                e.now_units -= a.cost;
+                e.held.iter_mut().for_each(|h| h.spent -= a.cost);
+            }
+        }
+        None
     }
 
     /// The units to ask Redis to reserve with a decision of this zone, and notes the demand.

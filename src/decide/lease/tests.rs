@@ -99,6 +99,12 @@ fn a_request_spends_from_every_zone_or_from_none() {
     // Zone 1 is spent: zone 0 keeps its two.
     assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
     assert_eq!(l.drain().iter().map(|g| g.units).sum::<u64>(), 2);
+    // Zone 0's last unit, spent before zone 1 is found empty, is its own again.
+    l.granted(&ask(b"k", 1), grant(1), 0, 0, 0, false);
+    assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
+    l.granted(&b, grant(1), 0, 0, 0, false);
+    assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), Some((0, 0, 0)));
+    assert_eq!(l.try_spend([ask(b"k", 1)], 10), None, "used up: let go");
 }
 
 #[test]

@@ -31,7 +31,7 @@ const LEASE_ENTRIES: usize = 10_000;
 /// until later than now: no unit of that zone can free before then.
 pub(super) unsafe fn rejected_from_memory(ctx: &mut Ctx, mcf: &MainConf) -> bool {
     let mut cache = mcf.deny_cache.borrow_mut();
-    let Some(cache) = cache.as_mut() else { return false };
+    let Some(cache) = cache.as_mut().filter(|c| c.len() > 0) else { return false };
     let (now, entries) = (ngx_current_msec as u64, cache.len());
     for (i, z) in ctx.zones.iter().enumerate() {
         let Some(key) = z.cached_key() else { continue };

@@ -52,6 +52,9 @@ pub struct Ctx {
     /// Set once the decision has been returned to the phase engine; later passes (internal
     /// redirects) let the request through untouched, as limit_req does.
     applied: bool,
+    /// Went past this worker's memory (`cleanup_at_end`): only such a request can have parts
+    /// on their way, slots, or a wait to end, or fill a list or part of this context.
+    asked: bool,
     /// The decision asked of the first (often the only) backend of the location's zones ...
     part: Part,
     /// ... and of each other one, asked at the same time (`LocConf::several`).
@@ -300,8 +303,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     if lcf.deny_cache() && !lcf.dry_run() && rejected_from_memory(ctx, mcf) {
         return apply(ctx, lcf, mcf);
     }
-    let leasing = !lcf.dry_run() && ctx.zones.iter().any(|z| mcf.zones[z.zone].lease.is_some());
-    if leasing && admitted_from_reservations(ctx, mcf) {
+    if lcf.leasing && admitted_from_reservations(ctx, mcf) {
         return apply(ctx, lcf, mcf);
     }
 
@@ -402,6 +404,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         r,
         status: Status::Pending,
         applied: false,
+        asked: false,
         part: Part::new(ctx.as_ptr(), 0, 0, 0),
         more: Box::default(),
         started: 0,
@@ -443,6 +446,7 @@ unsafe fn cleanup_at_end(ctx: &mut Ctx) -> bool {
     }
     (*cln).handler = Some(cleanup);
     (*cln).data = ptr::from_mut(ctx) as *mut c_void;
+    ctx.asked = true;
     true
 }
 
@@ -466,10 +470,13 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 }
 
 /// The request's pool is destroyed: `cleanup` once more, then the context's own drop (its
-/// pending reply, its encoded arguments), in the one pool cleanup a request adds.
+/// pending reply, its encoded arguments), in the one pool cleanup a request adds. A request
+/// answered from this worker's memory has nothing to release and nothing to free.
 unsafe extern "C" fn release(data: *mut c_void) {
-    cleanup(data);
-    ptr::drop_in_place(data as *mut Ctx);
+    if (*(data as *mut Ctx)).asked {
+        cleanup(data);
+        ptr::drop_in_place(data as *mut Ctx);
+    }
 }
 
 /// Runs when the request ends or is terminated (client gone, shutdown): detaches from Redis at

@@ -9,7 +9,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
-use crate::decide::headers::{self, Name, Policy, Quota};
+use crate::decide::headers::{self, HeaderMode, Name, Policy, Quota};
 use crate::decide::script::Algorithm;
 use crate::decide::status::Status;
 use crate::glue::conf::{LocConf, MainConf};
@@ -51,13 +51,21 @@ pub(super) unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_
             limit: z.limit,
             window_ms: policy_window(mcf, z),
         });
-        if headers
-            && headers::format(lcf.headers(), &quota, policies, |name, value| {
+        if headers && (rejected || lcf.headers() != HeaderMode::Off) {
+            // Every value of the request in one allocation, written where it stays.
+            let room = headers::room(lcf.headers(), ctx.zones.len());
+            let out = ngx_pnalloc((*r).pool, room) as *mut u8;
+            if out.is_null() {
+                return NGX_ERROR as ngx_int_t;
+            }
+            let out = core::slice::from_raw_parts_mut(out, room);
+            if headers::format(lcf.headers(), &quota, policies, out, |name, value| {
                 add_header(r, name, value)
             })
             .is_none()
-        {
-            return NGX_ERROR as ngx_int_t;
+            {
+                return NGX_ERROR as ngx_int_t;
+            }
         }
         // A rejection from memory repeats one already logged; local ones are the outage's.
         if decided_by_redis {
@@ -105,6 +113,7 @@ fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
 }
 
 /// Adds a response header; it is sent with an allowed response and with the rejection alike.
+/// `value` lies in the request's pool.
 unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static Name, value: &[u8]) -> Option<()> {
     let h = ngx_list_push(&mut (*r).headers_out.headers) as *mut ngx_table_elt_t;
     if h.is_null() {
@@ -112,19 +121,10 @@ unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static Name, value: &[u
     }
     // Zeroed first: newer nginx versions chain headers through fields older ones lack.
     ptr::write_bytes(h, 0, 1);
-    let pool = (*r).pool;
-    let (text, lower) = (name.text, name.lower);
-    let data = ngx_pnalloc(pool, value.len() + lower.len()) as *mut u8;
-    if data.is_null() {
-        return None;
-    }
-    ptr::copy_nonoverlapping(value.as_ptr(), data, value.len());
-    // Copied from the name's written-out lower case, not lowered byte by byte per request.
-    let lowcase = data.add(value.len());
-    ptr::copy_nonoverlapping(lower.as_ptr(), lowcase, lower.len());
     (*h).hash = 1;
-    (*h).key = ngx_str_t { len: text.len(), data: text.as_ptr() as *mut u8 };
-    (*h).value = ngx_str_t { len: value.len(), data };
-    (*h).lowcase_key = lowcase;
+    (*h).key = ngx_str_t { len: name.text.len(), data: name.text.as_ptr() as *mut u8 };
+    (*h).value = ngx_str_t { len: value.len(), data: value.as_ptr() as *mut u8 };
+    // The name's written-out lower case, which nginx only reads: not copied per request.
+    (*h).lowcase_key = name.lower.as_ptr() as *mut u8;
     Some(())
 }
