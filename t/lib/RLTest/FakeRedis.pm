@@ -20,7 +20,8 @@ package RLTest::FakeRedis;
 #
 #   ok                  answers like Redis running the decision script:
 #                       EVALSHA/EVAL -> *4 :1 :1 :9 :1000 (allowed, ok,
-#                       remaining 9, reset 1000 ms); SCRIPT LOAD -> the
+#                       remaining 9, reset 1000 ms), one per decision of a
+#                       batch (an array of them); SCRIPT LOAD -> the
 #                       script's SHA-1; PING -> +PONG; anything else -> +OK
 #   garbage             non-RESP bytes ("HTTP/1.1 400 Bad Request ...")
 #   split               the `ok` reply, one byte at a time, `split_delay`
@@ -321,8 +322,26 @@ sub reply_for {
         return $script ? "-$ERRORS{NOSCRIPT}\r\n" : "+OK\r\n";
     }
     return ":1\r\n" if $mode eq 'wrong_shape' && $script;
-    my $ok = $script ? $self->{reply} : $verb eq 'PING' ? "+PONG\r\n" : "+OK\r\n";
+    my $n = $script ? decisions($cmd) : 1;
+    my $ok = !$script ? ($verb eq 'PING' ? "+PONG\r\n" : "+OK\r\n")
+        : $n == 1 ? $self->{reply} : "*$n\r\n" . ($self->{reply} x $n);
     return $ok . ($mode eq 'unsolicited' ? "+EXTRA\r\n" : '');
+}
+
+# The decisions of a script call, as lua/decide.lua tells them apart: each starts
+# with its clock (digits or empty, never an algorithm), then 5 arguments per
+# zone.  A batch is answered with one reply per decision, as Redis would: a
+# slow worker (valgrind) batches more.
+sub decisions {
+    my ($cmd) = @_;
+    my @argv = @$cmd[3 + ($cmd->[2] // 0) .. $#$cmd];
+    my ($n, $i) = (0, 0);
+    while ($i < @argv) {
+        $n++;
+        $i++;
+        $i += 5 while $i < @argv && $argv[$i] !~ /^\d*$/;
+    }
+    return $n || 1;
 }
 
 # The header of a 100 MB bulk string, then its data for as long as the peer
