@@ -490,7 +490,7 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
     let several = !ctx.more.is_empty();
     for i in 0..=ctx.more.len() {
         let part = &mut *part_ptr(ctx, i);
-        let range = part.from..part.to;
+        let range = part.range();
         if let Some(token) = part.waiter.token.take() {
             // On the wire already: Redis may grant its slots to no one.
             if WorkerPool::cancel(token) {

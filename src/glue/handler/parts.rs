@@ -55,6 +55,11 @@ impl Part {
             cross_slot: false,
         }
     }
+
+    /// Its zones, as indexes into `Ctx::zones`.
+    pub(super) fn range(&self) -> Range<usize> {
+        self.from..self.to
+    }
 }
 
 /// Sends a part of the request's decision to its backend; false when it is done at once (Redis
@@ -66,7 +71,7 @@ pub(super) unsafe fn ask(
     mcf: &MainConf,
     now: Option<u64>,
 ) -> bool {
-    let zones = zones[part.from..part.to].iter();
+    let zones = zones[part.range()].iter();
     part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], lcf.several)), now);
     let Some(redis) = mcf.redis(part.backend) else { return false };
     // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
@@ -114,9 +119,11 @@ pub(super) unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf
     // What each backend said (`None`: it could not decide, and its policy stood in).
     let mut said: Vec<Option<Decision>> = Vec::with_capacity(parts);
     let mut stood: Vec<Status> = Vec::new();
+    let mut ranges = Vec::with_capacity(parts);
     for i in 0..parts {
         let part = &*part_ptr(ctx, i);
-        let (range, backend) = (part.from..part.to, part.backend);
+        let (range, backend) = (part.range(), part.backend);
+        ranges.push(range.clone());
         match answer(ctx, mcf, i) {
             Ok(d) => {
                 all.allowed &= d.allowed;
@@ -135,8 +142,6 @@ pub(super) unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf
     if ctx.zones.iter().any(|z| z.lease.is_some()) {
         answered(ctx, mcf);
     }
-    let ranges: Vec<_> =
-        (0..parts).map(|i| (*part_ptr(ctx, i)).from..(*part_ptr(ctx, i)).to).collect();
     if all.allowed {
         // Slots are the ones Redis granted: a policy's stand-in took none there.
         let heard = ranges.iter().zip(&said).filter(|(_, d)| d.is_some());
@@ -180,7 +185,7 @@ pub(super) unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf
 /// What part `i`'s backend answered: its decision, or why there is none.
 pub(super) unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<Decision, Failure> {
     let part = &mut *part_ptr(ctx, i);
-    let range = part.from..part.to;
+    let range = part.range();
     if part.cross_slot {
         let zones = ctx.zones[range].iter().map(|z| format!("\"{}\"", mcf.zones[z.zone].name));
         return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
