@@ -14,7 +14,8 @@
 #   unnamed one's are today's
 # - the regional Redis SIGSTOPped: q alone stays exact and answers at once; a
 #   location with both follows ratelimit_fail for r only (open: q decides and
-#   counts; closed: 503 and q's units given back); the log names the backend
+#   counts; closed: 503 and q's units given back; local: r decided by the
+#   worker, q by Redis); the log names the backend
 # - a reload renames the backend (regional -> eu): the keys stay where they were
 # - the default a single server and name=global a Cluster: keys land on the
 #   right node, give-backs reach the Cluster
@@ -67,13 +68,14 @@ my $config = <<'EOF';
     location = /r      { ratelimit r; }
     location = /qrs    { ratelimit q; ratelimit rs; }
     location = /closed { ratelimit q; ratelimit r; ratelimit_fail closed; }
+    location = /local  { ratelimit q; ratelimit r; ratelimit_fail local; }
     location = /dq     { ratelimit dq; }
     location = /dr     { ratelimit dr; }
     location = /dboth  { ratelimit dq2; ratelimit dr; }
     location = /metrics { ratelimit_metrics; }
     location = /admin/r { ratelimit_admin r; }
 EOF
-nginx()->write_html({ map { $_ => "ok\n" } qw(both q r qrs closed dq dr dboth rq sq lq lr lboth Lq Lr Lboth rr qr) });
+nginx()->write_html({ map { $_ => "ok\n" } qw(both q r qrs closed local dq dr dboth rq sq lq lr lboth Lq Lr Lboth rr qr) });
 start_nginx(http_config => $backends . $zones, config => $config);
 
 # --- Each zone's keys on its own backend; a location admitted only if both admit.
@@ -195,6 +197,12 @@ check_metrics('regional');
     note('both, fail closed: ' . join ' ', map { sprintf '%s(%.3fs)', rl($_), $_->{elapsed} } @res);
     sleep 0.5;
     is(dcmd('ZCARD', 'rl:q:s3'), 0, "both, fail closed: q's units given back, its count does not grow");
+
+    # fail local: r decided by this worker alone (its share of r's limit), q still by Redis.
+    @res = map { http_get('/local?k=s5') } 1 .. 4;
+    is(join(' ', map { rl($_) } @res), 'PASSED_LOCAL PASSED_LOCAL PASSED_LOCAL REJECTED',
+        "both, fail local: r decided by the worker, q by Redis (3 admitted, then q's 429)");
+    is(dcmd('ZCARD', 'rl:q:s5'), 3, 'both, fail local: q counted the 3 admitted');
     my $log = substr(error_log_text(), $log_pos);
     like($log, qr/ratelimit: (?:redis|backend) "regional"[^\n]*timed out/, 'the error log names the backend that timed out');
     # The module's own lines (not a rejection's "limiting requests"), the connection's and the
