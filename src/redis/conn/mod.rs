@@ -442,8 +442,11 @@ unsafe extern "C" fn on_read(rev: *mut ngx_event_t) {
             return Conn::close(this, RedisError::Closed, false);
         }
         if conn.overdue() {
-            // Not counted again: each decision that waited for it counted its own deadline.
-            return Conn::close(this, RedisError::Timeout, false);
+            // Counted once, unless each decision that waited for it counted its own deadline
+            // already (which gave up its place): a decision whose deadline falls in the same
+            // timer pass, after this one, learns of the timeout from the close and counts none.
+            let uncounted = conn.in_flight.iter().any(|&(_, w, _)| w.is_some());
+            return Conn::close(this, RedisError::Timeout, uncounted);
         }
         (*this.as_ptr()).arm_reply_deadline();
         return;
