@@ -143,8 +143,11 @@ struct Held {
     /// the reservation `unverified` (spent while Redis is silent, checked again later).
     checking_since: u64,
     /// Redis told of another change while a check was on its way: checked again once that check
-    /// has answered.
+    /// has answered ...
     recheck: bool,
+    /// ... and that change was not this worker's own (a reset, perhaps): not spent until the
+    /// check after it answers, whatever the one on its way says.
+    recheck_suspect: bool,
 }
 
 impl Held {
@@ -158,6 +161,7 @@ impl Held {
     fn give_up_check(&mut self) {
         (self.checking, self.recheck, self.suspect, self.unverified) =
             (Checking::No, false, false, true);
+        self.recheck_suspect = false;
     }
 
     fn give_back(&self, zone: usize, key: &[u8], algorithm_is_log: bool) -> Option<GiveBack> {
@@ -504,5 +508,6 @@ fn held(
         checking: Checking::No,
         checking_since: 0,
         recheck: false,
+        recheck_suspect: false,
     }
 }

@@ -221,6 +221,25 @@ fn a_change_heard_during_a_check_is_checked_after_it() {
 }
 
 #[test]
+fn a_reset_heard_during_the_check_of_an_own_write_stops_the_spending() {
+    // t/450's trace: this worker's own write is being checked (spent meanwhile) when another
+    // gateway's reset is heard; the check on its way may have run before the reset.
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.answered(&ask(b"k", 5), 0);
+    assert!(l.changed(3, KEY, 10).is_some());
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "its own write: spent during the check");
+    let first = check_of(&mut l, false);
+    assert!(l.changed(3, KEY, 300).is_none(), "a change during the check: checked after it");
+    assert_eq!(l.try_spend([ask(b"k", 1)], 300), None, "someone else's: not spent meanwhile");
+    assert!(l.checked(KEY, first, Some(true), 300), "the first check ran before the reset");
+    assert_eq!(l.try_spend([ask(b"k", 1)], 300), None, "still not spent: the next check decides");
+    let again = check_of(&mut l, false);
+    assert!(!l.checked(KEY, again, Some(true), 310));
+    assert!(l.try_spend([ask(b"k", 1)], 310).is_some(), "of the key's life after all: spent again");
+}
+
+#[test]
 fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
     let mut l = Leases::new(10, 0);
     l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);

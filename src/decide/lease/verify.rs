@@ -25,7 +25,8 @@ impl Leases {
     /// write tells of the next change); a reset at that very moment is then found within the
     /// check's two round trips. Returns a zone of the key whose tracking is to be renewed
     /// (`EXISTS`, on that zone's backend), which starts the check; `None` when none is: a change
-    /// heard during a check asks for another after it, which does not stop the spending.
+    /// heard during a check asks for another after it, and stops the spending until then unless
+    /// it is most likely this worker's own.
     pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> Option<usize> {
         let mut track = None;
         for zone in 0..zones {
@@ -37,7 +38,11 @@ impl Leases {
                 h.suspect |= !own;
                 track = Some(zone);
             } else {
+                // The check on its way may have run before this change: another follows it,
+                // and a change not of this worker stops the spending until that one answers.
                 h.recheck = true;
+                h.recheck_suspect |= !own;
+                h.suspect |= !own;
             }
         }
         track
@@ -75,7 +80,7 @@ impl Leases {
         }
         match present {
             Some(true) => {
-                (h.suspect, h.unverified) = (false, false);
+                (h.suspect, h.unverified) = (core::mem::take(&mut h.recheck_suspect), false);
                 h.checking = if h.recheck { Checking::Tracking } else { Checking::No };
                 h.checking_since = now;
                 core::mem::take(&mut h.recheck)
