@@ -70,7 +70,7 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
             return leases.drain();
         }
         // Reservations whose key's tracking was lost are checked once it can be had again.
-        leases.verify_unverified(now, |zone, key| track(mcf, zone, key));
+        leases.verify_unverified(now, |zone, key| track(mcf, zone, &[key]));
         // The longest: a check on its way is given up only once no backend can still answer.
         let timeout = mcf.backends.iter().map(|b| b.redis.timeout as u64).max().unwrap_or(0);
         leases.sweep(now, timeout)
@@ -275,9 +275,10 @@ pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
     }
 }
 
-/// Whether `key` of `zone` is tracked on its backend from now on.
-pub fn track(mcf: &MainConf, zone: usize, key: &[u8]) -> bool {
-    mcf.pool(mcf.zones[zone].backend).is_some_and(|p| p.track(&[key]))
+/// Whether the key of `zone` (its parts, or the whole key as one) is tracked on the zone's
+/// backend from now on.
+pub fn track(mcf: &MainConf, zone: usize, key: &[&[u8]]) -> bool {
+    mcf.pool(mcf.zones[zone].backend).is_some_and(|p| p.track(key))
 }
 
 /// Queues one decision sent without a request, to `zone`'s backend; gives `what` back if the
@@ -369,7 +370,7 @@ fn answered(
             let Some(leases) = leases.as_mut() else { return };
             // A change heard while the check was on its way: checked again, starting with the
             // key's tracking; where that cannot be had, the reservation goes.
-            if leases.checked(key, check, present, now) && !track(mcf, check.zone, key) {
+            if leases.checked(key, check, present, now) && !track(mcf, check.zone, &[key]) {
                 leases.revoke(mcf.zones.len(), key);
             }
         }

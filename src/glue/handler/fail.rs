@@ -2,23 +2,20 @@
 //! decision from this worker's memory (`ratelimit_fail local`), and the failure's log line, at
 //! most once a second per kind.
 
+use core::ops::Range;
 use core::ptr;
 
 use ngx::ffi::{ngx_current_msec, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 
+use crate::decide::lease::Grant;
 use crate::decide::local_limit::{LocalLimiter, LocalZone};
 use crate::decide::log_throttle::LogThrottle;
-use crate::decide::script::ReplyError;
+use crate::decide::script::{Decision, ReplyError, ZoneVerdict};
 use crate::decide::slots::{local_decision, LocalPart, Slots};
 use crate::decide::status::Status;
 use crate::glue::conf::{worker_processes, FailPolicy, LocConf, MainConf};
 use crate::redis::pool::RedisError;
-
-use core::ops::Range;
-
-use crate::decide::lease::Grant;
-use crate::decide::script::{Decision, ZoneVerdict};
 
 use super::{record, Ctx, ZoneReq};
 
@@ -30,7 +27,8 @@ pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure:
         record(ctx, &d);
     }
     ctx.status = status;
-    log_failure(ctx, status, no_room, &failure, "");
+    // One backend decides the whole location: its line names no backend.
+    log_failure(ctx, status, no_room, &failure, ctx.part.backend, "");
 }
 
 /// With several backends, what the policy makes of the zones `range` of `backend`, which could
@@ -45,7 +43,7 @@ pub(super) unsafe fn stand_in(
 ) -> (Status, Decision) {
     let (status, d, no_room) = policy(ctx, lcf, mcf, range, &failure);
     let name = mcf.redis(backend).map_or("", |r| r.backend.as_str());
-    log_failure(ctx, status, no_room, &failure, name);
+    log_failure(ctx, status, no_room, &failure, backend, name);
     (status, d)
 }
 
@@ -79,17 +77,24 @@ unsafe fn policy(
     }
 }
 
-/// The failure's log line, `backend` named when it has a name: bad variable values (per figure
-/// and zone) and a full local table have their own throttles: an outage must not hide them,
-/// nor they it, nor one bad figure another.
-unsafe fn log_failure(ctx: &Ctx, status: Status, no_room: bool, failure: &Failure, backend: &str) {
+/// The failure's log line, at most once a second per backend (`backend`, named `name` when it
+/// has a name): bad variable values (per figure and zone) and a full local table have their own
+/// throttles: an outage must not hide them, nor they it, nor one bad figure another.
+unsafe fn log_failure(
+    ctx: &Ctx,
+    status: Status,
+    no_room: bool,
+    failure: &Failure,
+    backend: usize,
+    name: &str,
+) {
     let now = ngx_current_msec as u64;
     let logged = match *failure {
         Failure::BadValue(what, zone, ..) => {
             (*ptr::addr_of_mut!(BAD_VALUE_LOG)).allow((what, zone), now)
         }
         _ if no_room => (*ptr::addr_of_mut!(NO_ROOM_LOG)).allow((), now),
-        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow(backend_key(backend), now),
+        _ => (*ptr::addr_of_mut!(FAILURE_LOG)).allow(backend, now),
     };
     if !logged {
         return;
@@ -104,20 +109,15 @@ unsafe fn log_failure(ctx: &Ctx, status: Status, no_room: bool, failure: &Failur
         _ => "decided by this worker alone by ratelimit_fail",
     };
     let log = (*(*ctx.r).connection).log;
-    if backend.is_empty() {
+    if name.is_empty() {
         ngx_log_error!(NGX_LOG_ERR, log, "ratelimit: {failure}, request {outcome}");
     } else {
         ngx_log_error!(
             NGX_LOG_ERR,
             log,
-            "ratelimit: backend \"{backend}\": {failure}, its zones {outcome}"
+            "ratelimit: backend \"{name}\": {failure}, its zones {outcome}"
         );
     }
-}
-
-/// A backend's own throttle of its failure lines: one backend's outage must not hide another's.
-fn backend_key(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 /// `ratelimit_fail local`: this worker's share of each zone, from its own memory: a rate zone's
@@ -221,7 +221,8 @@ impl core::fmt::Display for Failure {
     }
 }
 
-/// Failure lines at most once a second per worker (and per figure and zone for bad values).
-static mut FAILURE_LOG: LogThrottle<u64> = LogThrottle::new();
+/// Failure lines at most once a second per worker and backend (per figure and zone for bad
+/// values).
+static mut FAILURE_LOG: LogThrottle<usize> = LogThrottle::new();
 static mut BAD_VALUE_LOG: LogThrottle<(&'static str, usize)> = LogThrottle::new();
 static mut NO_ROOM_LOG: LogThrottle<()> = LogThrottle::new();

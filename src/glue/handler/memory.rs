@@ -78,7 +78,9 @@ pub(super) fn hear_changes(mcf: &MainConf) {
         }
         if let Some(leases) = leases.as_mut() {
             match f {
-                Forget::All => leases.suspect_all(now, |zone, key| giveback::track(mcf, zone, key)),
+                Forget::All => {
+                    leases.suspect_all(now, |zone, key| giveback::track(mcf, zone, &[key]))
+                }
                 Forget::Unheard => leases.unverify_all(),
                 // Gone or there, the answer is about the key, not about a reservation: one
                 // granted after a reset is of the new life, and only its rid can tell.
@@ -89,7 +91,7 @@ pub(super) fn hear_changes(mcf: &MainConf) {
                 }
                 Forget::Key(key) => {
                     let zone = leases.changed(zones, key, now);
-                    if zone.is_some_and(|zone| !giveback::track(mcf, zone, key)) {
+                    if zone.is_some_and(|zone| !giveback::track(mcf, zone, &[key])) {
                         leases.revoke(zones, key);
                     }
                 }
@@ -169,7 +171,7 @@ pub(super) fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
         if grant.units == 0 || z.lease.is_none() {
             continue;
         }
-        if !mcf.pool(mcf.zones[z.zone].backend).is_some_and(|p| p.track(&z.key.parts())) {
+        if !giveback::track(mcf, z.zone, &z.key.parts()) {
             grant.life_ms = grant.life_ms.min(UNTRACKED_DENIAL_MS);
         }
         let log = mcf.zones[z.zone].algorithm == Algorithm::SlidingLog;
@@ -233,8 +235,7 @@ pub(super) fn remember_rejection(ctx: &Ctx, mcf: &MainConf, d: &Decision) {
             };
             // Not tracked yet (the tracker is connecting) or not at all (refused): a change
             // would go unheard, so it is answered from memory briefly only.
-            let pool = mcf.pool(mcf.zones[z.zone].backend);
-            let kept_until_ms = match pool.is_some_and(|p| p.track(&key.parts)) {
+            let kept_until_ms = match giveback::track(mcf, z.zone, &key.parts) {
                 true => until_ms,
                 false => ctx.started as u64 + UNTRACKED_DENIAL_MS,
             };
