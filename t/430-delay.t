@@ -24,7 +24,9 @@
 # - every algorithm that delays (log, packed log, counter, gcra, quota) under
 #   a burst far over its limit from both gateways: audited at the instants
 #   Redis recorded, and at the admission instants (each between its recorded
-#   instant and its arrival at the backend): no window over.
+#   instant and its arrival at the backend): no window over;
+# - the waiting bound: 40 HTTP/2 streams read in one event by a worker of 24
+#   connections: 24 may wait, 16 are rejected at once, twice.
 use lib 't/lib';
 use RLTest;
 use RLTest::Audit qw(check summary to_ms);
@@ -282,6 +284,52 @@ for my $z (sort keys %AUDIT) {
         $r = check($alg, $at{$z} // [], %o);
         ok($r->{ok}, "audit $alg by admission instants: " . summary($r)) or diag(explain($r->{examples}));
     }
+}
+
+# --- The waiting bound: a worker lets at most worker_connections requests wait, counting the
+# decisions on their way with a wait allowed. 40 HTTP/2 streams in one write, which nginx reads
+# and runs in one event, to a worker of 24 connections (gcra 10/s, burst=1, delay=10s): the
+# first 24 may wait (one admitted now, the rest delayed), the others ask with a wait of 0 and
+# are rejected; without the bound all 40 would wait. A second burst once they are done finds
+# the places free again.
+SKIP: {
+    my $port = free_port();
+    my ($listen, $on) = $new_h2 ? ("127.0.0.1:$port", 'http2 on;') : ("127.0.0.1:$port http2", '');
+    start_nginx(name => 'gw3', workers => 1, events => 'worker_connections 24;',
+        http_config => <<"EOF", config => 'location = /metrics { ratelimit_metrics; }');
+    ratelimit_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT timeout=2s;
+    ratelimit_zone g key=\$arg_k limit=10 window=1s algorithm=gcra burst=1 clock=nginx;
+    ratelimit_metrics_zone 64k;
+    server {
+        listen $listen;
+        $on
+        root \$TEST_NGINX_HTML_DIR;
+        location /t { ratelimit g delay=10s; add_header X-RL \$ratelimit_status always; }
+    }
+EOF
+    my $warm = RLTest::H2->connect(port => $port);
+    skip "no HTTP/2 connection: $RLTest::H2::error", 9 unless $warm;
+    my $w = $warm->get('/t?k=bound-warm');
+    $warm->wait_until(5, sub { $warm->ended($w) });
+    is($warm->status($w), 200, 'worker_connections 24: the worker has its Redis connection');
+    $warm->close;
+    for my $round (1, 2) {
+        my $h2 = RLTest::H2->connect(port => $port);
+        $h2->cork;
+        my @s = map { $h2->get("/t?k=bound$round&n=$_") } 1 .. 40;
+        $h2->uncork;
+        $h2->wait_until(20, sub { 40 == grep { $h2->ended($_) } @s });
+        my %by;
+        $by{ $h2->status($_) // 'none' }++ for @s;
+        $h2->close;
+        cmp_ok($by{200} // 0, '<=', 24, "burst $round: at most 24 of 40 streams admitted or waiting ("
+            . join(' ', map { "$_ x $by{$_}" } sort keys %by) . ')');
+        cmp_ok($by{200} // 0, '>=', 2, "burst $round: some waited for their turn");
+        is(($by{200} // 0) + ($by{429} // 0), 40, "burst $round: the others were rejected at once");
+    }
+    is(metric('/metrics', 'ratelimit_requests_waiting', -port => nginx('gw3')->port), 0,
+        'none waiting at the end');
+    ok(stop_nginx('gw3'), 'gw3 stops');
 }
 
 # --- Metrics.

@@ -144,7 +144,8 @@ pub struct MainConf {
     pub local: RefCell<Option<LocalLimiter>>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
     pub local_size: Option<u64>,
-    /// Requests of this worker waiting for their turn (`delay=`).
+    /// Requests of this worker waiting for their turn (`delay=`), and those whose decision is
+    /// on its way with a wait allowed: each may end up waiting.
     pub waiting: Cell<u64>,
     /// Settlements Redis could not take yet, sent again by the sweep (`settle=`).
     pub settlements: RefCell<Option<settle::Queue>>,

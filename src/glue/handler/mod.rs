@@ -83,6 +83,10 @@ pub struct Ctx {
     pub wait_ms: u64,
     /// ... and whether it is waiting now, on `ev`'s timer.
     waiting: bool,
+    /// Holds one of the worker's places for waiting requests (`MainConf::waiting`), from asking
+    /// with a wait allowed until it is decided without one or stops waiting: counted from the
+    /// ask, or the HTTP/2 streams a worker reads in one event would all be let wait.
+    place: bool,
     /// `$ratelimit_settled`, once the request's settlement is worked out (`None` before).
     pub settled: Option<u64>,
 }
@@ -310,6 +314,10 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     if !cleanup_at_end(ctx) {
         return NGX_ERROR as ngx_int_t;
     }
+    if may_wait {
+        ctx.place = true;
+        mcf.waiting.set(mcf.waiting.get() + 1);
+    }
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     let me: *mut Ctx = ctx;
@@ -336,6 +344,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     }
     if !sent && ctx.more.iter().all(|p| p.done) {
         decide(ctx, lcf, mcf);
+        leave_place(ctx, mcf);
         return apply(ctx, lcf, mcf);
     }
     // Notice a client that goes away while it waits (499), as limit_req's delay does.
@@ -417,6 +426,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
         wait_ms: 0,
         waiting: false,
+        place: false,
         settled: None,
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
@@ -510,10 +520,12 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
         detach(&mut part.waiter, &mut part.ev);
     }
     release_slots(ctx);
+    if let Some(mcf) = ctx.mcf.as_ref() {
+        leave_place(ctx, mcf);
+    }
     if core::mem::take(&mut ctx.waiting) {
         // Gone before its turn: its places go back, as reservations' unspent units do.
         if let Some(mcf) = ctx.mcf.as_ref() {
-            mcf.waiting.set(mcf.waiting.get() - 1);
             mcf.metrics.get().waited();
             let placed = ctx.zones.iter().filter(|z| z.placed.units > 0 && z.placed.rid > 0);
             giveback::send(mcf, placed.map(|z| z.give_back(z.placed.units)));
@@ -540,6 +552,13 @@ unsafe fn orphan_slots(ctx: &Ctx, range: core::ops::Range<usize>) {
 }
 
 /// Turns the parts' answers into the request's status.
+/// Frees the request's place among the worker's waiting requests, if it holds one.
+fn leave_place(ctx: &mut Ctx, mcf: &MainConf) {
+    if core::mem::take(&mut ctx.place) {
+        mcf.waiting.set(mcf.waiting.get() - 1);
+    }
+}
+
 unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
     if !ctx.more.is_empty() {
         return decide_several(ctx, lcf, mcf);

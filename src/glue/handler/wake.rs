@@ -19,7 +19,7 @@ use crate::redis::follow::{again, asks_again, follow, Follow, TRYAGAIN_DELAY};
 use crate::redis::pool::{RedisError, WorkerPool};
 
 use super::parts::Part;
-use super::{decide, Ctx};
+use super::{decide, leave_place, Ctx};
 
 /// Completion or deadline of a part of a pending decision, or the end of a delayed request's wait.
 pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
@@ -35,7 +35,7 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         }
         (*ev).set_timedout(0);
         ctx.waiting = false;
-        mcf.waiting.set(mcf.waiting.get() - 1);
+        leave_place(ctx, mcf);
         mcf.metrics.get().waited();
         return resume(r);
     }
@@ -96,12 +96,12 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         // Its turn is recorded in Redis: it waits for it without Redis, still noticing a client
         // that goes away (`ngx_http_test_reading`), as limit_req's delay does.
         ctx.waiting = true;
-        mcf.waiting.set(mcf.waiting.get() + 1);
         mcf.metrics.get().delay(ctx.wait_ms);
         log_delay(ctx, lcf, mcf);
         ngx_add_timer(&mut ctx.part.ev, ctx.wait_ms as ngx_msec_t);
         return;
     }
+    leave_place(ctx, mcf);
     resume(r);
 }
 
