@@ -16,6 +16,8 @@
 # - a balance charged past zero refuses until topped up;
 # - a reset between a request's admission and its settlement: the settlement
 #   writes nothing into the key's new life;
+# - a settlement Redis refuses (the key overwritten with other data): given up
+#   at once, counted lost and logged, not sent again for a minute;
 # - Redis away (SIGSTOP) and a reload while settlements are pending: they are
 #   sent again and land once Redis is back, by the old worker;
 # - the OpenResty recipe (system build with lua-nginx-module): a streamed
@@ -156,6 +158,23 @@ sub settled_by { my ($what, $n) = @_; wait_until(5, sub { settled_units($what) >
     is(counter_value('rl:held:reset'), $before, 'its give-back wrote nothing into the new life');
 }
 
+# --- A settlement Redis refuses however often it is sent (the key made to hold other data
+# while the request ran): given up at once, counted lost, logged with the zone and Redis's
+# words; not sent again for a minute.
+{
+    my $lost0 = metric_sum('ratelimit_settlements_lost_total');
+    my $h = http_start(port => $gw[0]->port, request => 'GET /held?k=junk&used=10&hold=1');
+    sleep 0.3;
+    redis_cmd('SET', 'rl:held:junk', 'not a counter');
+    is(http_finish($h, 5)->{status}, 200, 'a request whose key was overwritten meanwhile ends');
+    ok(wait_until(3, sub { metric_sum('ratelimit_settlements_lost_total') == $lost0 + 1 }),
+        'its settlement is counted lost at once, not after 60 s');
+    like(error_log_text('gw1'), qr/ratelimit: settlement of zone "held" \(give-back of 240 units\) given up: redis replied "WRONGTYPE [^"]*rl:held:junk/,
+        'the log line names the zone, the units and Redis\'s reply');
+    is(redis_cmd('GET', 'rl:held:junk'), 'not a counter', 'the other data is left as it was');
+    redis_cmd('DEL', 'rl:held:junk');
+}
+
 # --- Every algorithm that counts units, audited with the settled amounts.
 my %AUDIT = (
     al => ['sliding_log', limit => 40, window => 2000],
@@ -229,7 +248,7 @@ for my $z (sort keys %AUDIT) {
 
 # --- Redis away and a reload while settlements are pending.
 {
-    my $r0 = settled_units('returned');
+    my ($r0, $lost0) = (settled_units('returned'), metric_sum('ratelimit_settlements_lost_total'));
     my $pid = redis()->pid;
     my @h = map { http_start(port => $gw[0]->port, request => "GET /held?k=away&n=$_&used=50&hold=1") } 1 .. 3;
     sleep 0.3;
@@ -241,7 +260,7 @@ for my $z (sort keys %AUDIT) {
     kill 'CONT', $pid;
     ok(settled_by('returned', $r0 + 3 * 200), 'once Redis is back the old workers settle: 3 x 200 given back');
     like(counter_value('rl:held:away') // '', qr/^\d+:150:0$/, 'Redis counts what they used, 3 x 50');
-    is(metric_sum('ratelimit_settlements_lost_total'), 0, 'none lost');
+    is(metric_sum('ratelimit_settlements_lost_total'), $lost0, 'none lost');
 }
 
 # --- The OpenResty recipe: the usage chunk of a streamed response, read by Lua.

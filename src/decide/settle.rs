@@ -54,6 +54,15 @@ pub struct Pending {
 /// over well within it; a longer outage loses what was not settled (counted).
 pub const RETRY_MS: u64 = 60_000;
 
+/// Whether Redis would answer a settlement with this error however often it were sent: the key
+/// holds other data (`WRONGTYPE`, the script's own `ERR ratelimit:`), the ACL refuses it
+/// (`NOPERM`), the script failed. Such a settlement is given up at once, not tried for
+/// [`RETRY_MS`]; a server that cannot answer for now (`LOADING`, `BUSY`, a failover) is tried again.
+pub fn refused(error: &[u8]) -> bool {
+    const PREFIXES: [&[u8]; 4] = [b"WRONGTYPE", b"NOPERM", b"ERR ratelimit:", b"ERR user_script"];
+    PREFIXES.iter().any(|p| error.starts_with(p))
+}
+
 /// The settlements of a worker waiting to be sent again, oldest first. Bounded: beyond
 /// `capacity` the oldest is given up (counted lost), so an outage under load cannot grow it.
 pub struct Queue {
@@ -120,5 +129,31 @@ mod tests {
         let (send, lost) = q.take(25);
         assert_eq!((send, lost), (vec![pending(30)], vec![pending(20)]));
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn refusals_are_given_up_outages_tried_again() {
+        for e in [
+            &b"WRONGTYPE ratelimit: rl:tok:a holds other data"[..],
+            b"WRONGTYPE Operation against a key holding the wrong kind of value script: x",
+            b"NOPERM this user has no permissions to access one of the keys",
+            b"ERR ratelimit: malformed batch at decision 1",
+            b"ERR user_script:12: Script attempted to access nonexistent global variable 'x'",
+        ] {
+            assert!(refused(e), "{}", String::from_utf8_lossy(e));
+        }
+        for e in [
+            &b"LOADING Redis is loading the dataset in memory"[..],
+            b"BUSY Redis is busy running a script",
+            b"READONLY You can't write against a read only replica.",
+            b"CLUSTERDOWN The cluster is down",
+            b"TRYAGAIN Multiple keys request during rehashing of slot",
+            b"NOSCRIPT No matching script",
+            b"OOM command not allowed when used memory > 'maxmemory'.",
+            b"MASTERDOWN Link with MASTER is down",
+            b"ERR max number of clients reached",
+        ] {
+            assert!(!refused(e), "{}", String::from_utf8_lossy(e));
+        }
     }
 }

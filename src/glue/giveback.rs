@@ -15,14 +15,16 @@ use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
     ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event,
-    ngx_event_t, ngx_exiting,
+    ngx_event_t, ngx_exiting, NGX_LOG_ERR,
 };
+use ngx::ngx_log_error;
 
 use crate::codec::resp::Reply;
 use crate::decide::lease::{Check, GiveBack};
+use crate::decide::log_throttle::LogThrottle;
 use crate::decide::quota::Period;
 use crate::decide::script::{self, EncodedArgs, SlotOp, SlotRef};
-use crate::decide::settle::{Pending, Queue};
+use crate::decide::settle::{self, Pending, Queue};
 use crate::decide::slots::{Release, Renewal, Slots};
 use crate::glue::conf::MainConf;
 use crate::metrics::{LeaseEvent, SlotEvent};
@@ -404,6 +406,12 @@ fn answered(
             // Lost on the way or refused: the rid is still in the ledger if it did not run, and
             // leaves it when it does, so sending it again never applies it twice.
             _ => {
+                if let Some(Ok(Reply::Error(e))) = result {
+                    if settle::refused(e) {
+                        metrics.settlement_lost();
+                        return log_refused(mcf, p, e, now);
+                    }
+                }
                 // An error reply ran and wrote nothing; anything else may have been applied.
                 let tried = p.tried || !matches!(result, Some(Ok(Reply::Error(_))));
                 keep_settlement(mcf, Pending { tried, ..p.clone() });
@@ -422,6 +430,30 @@ fn answered(
                 metrics.slot(zone, SlotEvent::Released);
             }
         }
+    }
+}
+
+/// At most one line a second per zone about settlements Redis refused.
+static mut REFUSED_LOG: LogThrottle<usize> = LogThrottle::new();
+
+/// A settlement given up because Redis refused it, and would again (`settle::refused`).
+fn log_refused(mcf: &MainConf, p: &Pending, error: &[u8], now: u64) {
+    let zone = p.place.zone;
+    // SAFETY: the throttle is the worker's, used on its only thread.
+    if !unsafe { (*ptr::addr_of_mut!(REFUSED_LOG)).allow(zone, now) } {
+        return;
+    }
+    let (name, units, error) =
+        (&mcf.zones[zone].name, p.place.units, String::from_utf8_lossy(error));
+    let what = if p.charge { "charge" } else { "give-back" };
+    // SAFETY: the cycle's log outlives the worker's sweep.
+    unsafe {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            (*ngx_cycle).log,
+            "ratelimit: settlement of zone \"{name}\" ({what} of {units} units) given up: \
+             redis replied \"{error}\""
+        );
     }
 }
 

@@ -215,7 +215,10 @@ pub fn prometheus(v: &View<'_>, l: &Labels<'_>) -> String {
         writeln!(o, "# TYPE {d} counter")?;
         writeln!(o, "{d}{{event=\"returned\"}} {returned}\n{d}{{event=\"charged\"}} {charged}")?;
         let d = "ratelimit_settlements_lost_total";
-        writeln!(o, "# HELP {d} Settlements given up: Redis did not take them in time.")?;
+        writeln!(
+            o,
+            "# HELP {d} Settlements given up: Redis did not take them in time, or refused them."
+        )?;
         writeln!(o, "# TYPE {d} counter\n{d} {lost}")
     })();
     o
