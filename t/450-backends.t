@@ -14,7 +14,7 @@
 #   unnamed one's are today's
 # - the regional Redis SIGSTOPped: q alone stays exact and answers at once; a
 #   location with both follows ratelimit_fail for r only (open: q decides and
-#   counts; closed: 503 and q's units given back; local: r decided by the
+#   counts; closed: 503 and q's units given back, a unit counted for at most the timeout plus a give-back's round trip (watched every 2 ms); local: r decided by the
 #   worker, q by Redis); the log names the backend
 # - a reload renames the backend (regional -> eu): the keys stay where they were
 # - the default a single server and name=global a Cluster: keys land on the
@@ -180,6 +180,24 @@ check_metrics('regional');
     is(statuses(@res), '200 200 200 429 429', 'regional stopped: q alone is exact (3 x 200, then 429)');
     my ($slowest) = sort { $b <=> $a } map { $_->{elapsed} } @res;
     cmp_ok($slowest, '<', 0.5 * $SLOW, sprintf('regional stopped: q alone answers within its own timeout (slowest %.3f s)', $slowest));
+
+    # How long q counts a unit the regional outage refused (docs/sizing.md's bound: the slower
+    # backend's timeout, 300 ms, plus the give-back's round trip), watched from the default
+    # Redis every 2 ms while the request runs; first, while the breaker still waits for Redis.
+    SKIP: {
+        skip 'valgrind: a slowed worker stretches every interval it measures', 2 if $SLOW > 1;
+        my $h = http_start(port => nginx()->port, request => 'GET /closed?k=s4');
+        my ($first, $last, $t0) = (undef, undef, time);
+        while (time - $t0 < 2) {
+            my ($n, $now) = (dcmd('ZCARD', 'rl:q:s4'), time);
+            ($first, $last) = ($first // $now, $now) if $n;
+            last if defined $first && !$n;
+            sleep 0.002;
+        }
+        is(http_finish($h, 3)->{status}, 503, 'fail closed, watched: 503');
+        my $ms = defined $first ? 1000 * ($last - $first) : -1;
+        ok($ms >= 0 && $ms <= 300 + 100, sprintf("fail closed: q counted the refused unit for %.0f ms (bound: 300 ms timeout + the give-back's round trip)", $ms));
+    }
 
     # fail open (the default): r counts as admitted while q decides, and q counts.
     @res = map { http_get('/both?k=s2') } 1 .. 6;
