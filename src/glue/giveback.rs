@@ -18,7 +18,7 @@ use ngx::ffi::{
     ngx_event_t, ngx_exiting,
 };
 
-use crate::codec::resp::Reply;
+use crate::codec::resp::Head;
 use crate::decide::lease::{Check, GiveBack};
 use crate::decide::quota::Period;
 use crate::decide::script::{self, EncodedArgs, SlotOp, SlotRef};
@@ -27,7 +27,7 @@ use crate::decide::slots::{Release, Renewal, Slots};
 use crate::glue::conf::MainConf;
 use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::redis::follow::{follow, submit, Follow, Retries};
-use crate::redis::pool::{Waiter, WorkerPool};
+use crate::redis::pool::{Frame, Waiter, WorkerPool};
 
 /// How often expired reservations are looked for: a reservation's units go back at most this
 /// long after its end.
@@ -288,7 +288,7 @@ fn submit_one(mcf: &MainConf, what: What, zone: usize, args: EncodedArgs) -> Res
     let Some(redis) = mcf.redis(backend) else { return Err(what) };
     let r = Box::into_raw(Box::new(Returning {
         what,
-        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+        waiter: Waiter { result: None, token: None, ev: ptr::null_mut(), pool: ptr::null_mut() },
         // SAFETY: all-zero is an idle event.
         ev: unsafe { core::mem::zeroed() },
         args,
@@ -341,10 +341,10 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
 fn answered(
     mcf: &MainConf,
     what: &What,
-    result: Option<&Result<Reply, crate::redis::pool::RedisError>>,
+    result: Option<&Result<Frame, crate::redis::pool::RedisError>>,
 ) {
     let reply = match result {
-        Some(Ok(reply @ Reply::Array(_))) => Some(reply),
+        Some(Ok(frame)) => Some(frame.view()).filter(|r| matches!(r.head(), Some(Head::Array(_)))),
         _ => None,
     };
     let metrics = mcf.metrics.get();
@@ -405,7 +405,9 @@ fn answered(
             // leaves it when it does, so sending it again never applies it twice.
             _ => {
                 // An error reply ran and wrote nothing; anything else may have been applied.
-                let tried = p.tried || !matches!(result, Some(Ok(Reply::Error(_))));
+                let tried = p.tried
+                    || !result
+                        .is_some_and(|r| r.as_ref().is_ok_and(|f| f.view().error().is_some()));
                 keep_settlement(mcf, Pending { tried, ..p.clone() });
             }
         },

@@ -501,7 +501,7 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
             // awaited): it may grant slots, and with several backends it may have placed units.
             if let Some(reply) = part.waiter.result.take() {
                 orphan_slots(ctx, range.clone());
-                let answer = reply.ok().map(|reply| script::decode_reply(&reply, &part.args));
+                let answer = reply.ok().map(|reply| script::decode_reply(reply.view(), &part.args));
                 if let (true, Some(Ok(d))) = (several, answer) {
                     undo(ctx, range, &d);
                 }
