@@ -125,7 +125,14 @@ impl Framer {
             if self.open.len() > MAX_DEPTH {
                 return Err(ProtocolError::TooDeep);
             }
-            let Some((head, end)) = head(view, self.at)? else { return more() };
+            // An integer, most lines of a script's reply, read without the general reading.
+            let (head, end) = match number_line(view, self.at) {
+                Some((b':', v, next)) => (Head::Int(v), next),
+                _ => match head(view, self.at)? {
+                    Some(line) => line,
+                    None => return more(),
+                },
+            };
             self.at = end;
             if let Head::Array(Some(n)) = head {
                 if n > 0 {
@@ -248,6 +255,8 @@ fn head(buf: &[u8], pos: usize) -> Result<Option<(Head<'_>, usize)>, ProtocolErr
 /// script's reply is one, and each is read a few times (framed, split from its batch, read);
 /// finding the line's end first and parsing its digits after was most of their cost. `None`
 /// for anything else, which [`read_line`] and [`parse_int`] then read and word the error of.
+/// Inlined: returned through memory from a call, its three values cost as much again.
+#[inline(always)]
 fn number_line(buf: &[u8], pos: usize) -> Option<(u8, i64, usize)> {
     let (&kind, rest) = buf.get(pos..)?.split_first()?;
     if !matches!(kind, b':' | b'$' | b'*') {
@@ -373,6 +382,19 @@ impl<'a> Items<'a> {
         }
         self.at = end;
         Some(head)
+    }
+
+    /// The next item as an integer, the item passed (`None`: it is something else): a
+    /// script's reply is integers, each read in its line's one pass.
+    pub fn next_int(&mut self) -> Option<i64> {
+        self.left = self.left.checked_sub(1)?;
+        match number_line(self.buf, self.at) {
+            Some((b':', v, next)) => {
+                self.at = next;
+                Some(v)
+            }
+            _ => self.stop(),
+        }
     }
 
     fn stop<T>(&mut self) -> Option<T> {

@@ -547,3 +547,13 @@ fn the_framer_keeps_where_items_end() {
     assert_eq!(framer.ends().len(), ENDS_KEPT);
     assert_eq!(framer.ends()[0], 9);
 }
+
+#[test]
+fn integers_are_read_one_by_one_and_anything_else_stops() {
+    let mut items = View::of(b"*4\r\n:1\r\n:-20\r\n$1\r\n3\r\n:4\r\n").items().unwrap();
+    assert_eq!((items.next_int(), items.next_int()), (Some(1), Some(-20)));
+    assert_eq!((items.next_int(), items.len()), (None, 0));
+    assert_eq!(items.next_int(), None);
+    let mut cut = View::of(b"*2\r\n:1\r\n:2").items().unwrap();
+    assert_eq!((cut.next_int(), cut.next_int()), (Some(1), None));
+}

@@ -1,6 +1,6 @@
 //! The script's reply, read into decisions.
 
-use crate::codec::resp::{Head, View};
+use crate::codec::resp::View;
 use crate::decide::lease::Grant;
 
 use super::EncodedArgs;
@@ -82,8 +82,8 @@ fn decode_args_reply(
             })
         }
     };
-    let mut int = || match items.next_head() {
-        Some(Head::Int(v)) if v >= 0 => Ok(v as u64),
+    let mut int = || match items.next_int() {
+        Some(v) if v >= 0 => Ok(v as u64),
         _ => Err(ReplyError::Unexpected),
     };
     // 2: admitted after a wait, which only a decision whose zones may wait is answered.
