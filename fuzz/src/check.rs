@@ -4,7 +4,7 @@
 //! Expects a sibling module `resp` (src/codec/resp/mod.rs, compiled in by `#[path]`).
 
 use super::resp::{
-    decode, decode_framed, Framer, ProtocolError, Reply, MAX_BULK_LEN, MAX_REPLY_LEN,
+    decode, Framer, ProtocolError, Reply, View, MAX_BULK_LEN, MAX_REPLY_LEN,
 };
 
 /// What a reader makes of a byte stream: the replies it framed (with the bytes each used) and
@@ -50,8 +50,10 @@ pub fn incremental(data: &[u8], cuts: &[usize]) -> Outcome {
         inbuf.extend_from_slice(&data[from..to]);
         from = to;
         loop {
-            match decode_framed(&mut framer, &inbuf, MAX_REPLY_LEN) {
-                Ok(Some((reply, n))) => {
+            match framer.frame(&inbuf, MAX_REPLY_LEN) {
+                Ok(Some(n)) => {
+                    // Framed, then read where it lies, as `Conn::read` hands replies on.
+                    let reply = View::of(&inbuf[..n]).to_reply().expect("a framed reply reads");
                     assert!(n > 0 && n <= inbuf.len());
                     out.replies.push((reply, n));
                     out.consumed += n;

@@ -3,7 +3,7 @@
 //! script's hash and `SCRIPT LOAD`. What the script does with its arguments is not known here,
 //! only how many a decision has and that a call puts every key before every argument.
 
-use super::resp::{self, Reply};
+use super::resp::{self, View};
 use super::slot;
 
 /// A script Redis runs, and its hash for `EVALSHA`.
@@ -44,6 +44,8 @@ pub fn write_script_load(out: &mut Vec<u8>, body: impl AsRef<[u8]>) {
 /// during the call: 64 decisions of about 7 us keep that under half a millisecond (not with
 /// `sliding_log_packed` at large limits, ~100 us a decision at 10,000).
 pub const MAX_BATCH_DECISIONS: usize = 64;
+// A batch's reply is split where its framer found its items' ends.
+const _: () = assert!(MAX_BATCH_DECISIONS <= resp::ENDS_KEPT);
 
 /// At most this many bytes of decisions ([`Args::wire_len`]) in one call: Redis copies
 /// every argument into the script's KEYS and ARGV tables before the first decision runs. 64
@@ -140,19 +142,53 @@ pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&Args], mixed: b
 /// The replies of a call that decided `n` decisions: one per decision, in order (an error among
 /// them concerns that decision alone); or `Err` with the reply that concerns the whole call
 /// (`NOSCRIPT`, a script that could not run), for the caller to hand to each of the `n`. A call
-/// of one decision answers that decision's reply itself, and is handed on without a heap
-/// allocation (a call of one is the common case on a lightly loaded connection).
-pub fn split_batch(reply: Reply, n: usize) -> Result<BatchReplies, Reply> {
-    match reply {
-        Reply::Error(_) => Err(reply),
-        reply if n == 1 => Ok(Some(reply).into_iter().chain(Vec::new())),
-        Reply::Array(Some(items)) if items.len() == n => Ok(None.into_iter().chain(items)),
-        other => Err(other),
+/// of one decision answers that decision's reply itself. `ends` are where the reply's items
+/// end, as its [`resp::Framer`] found them. Read where the reply lies: each decision's share is
+/// a view of its bytes, nothing is copied or allocated.
+pub fn split_batch<'a>(
+    reply: View<'a>,
+    n: usize,
+    ends: &'a [usize],
+) -> Result<BatchReplies<'a>, View<'a>> {
+    if reply.error().is_some() {
+        return Err(reply);
+    }
+    if n == 1 {
+        return Ok(BatchReplies { reply: reply.bytes(), at: 0, ends: &[], whole: true });
+    }
+    match reply.items() {
+        Some(items) if items.len() == n && ends.len() == n => {
+            // The first item starts after the array's line.
+            let at = reply.bytes().iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+            Ok(BatchReplies { reply: reply.bytes(), at, ends, whole: false })
+        }
+        _ => Err(reply),
     }
 }
 
-/// The replies [`split_batch`] hands out, in order.
-pub type BatchReplies = core::iter::Chain<core::option::IntoIter<Reply>, std::vec::IntoIter<Reply>>;
+/// The replies [`split_batch`] hands out, in order: the whole reply (a call of one), or its
+/// items, each from where the last ended.
+#[derive(Debug)]
+pub struct BatchReplies<'a> {
+    reply: &'a [u8],
+    at: usize,
+    ends: &'a [usize],
+    whole: bool,
+}
+
+impl<'a> Iterator for BatchReplies<'a> {
+    type Item = View<'a>;
+
+    fn next(&mut self) -> Option<View<'a>> {
+        if core::mem::take(&mut self.whole) {
+            return Some(View::of(self.reply));
+        }
+        let (&end, rest) = self.ends.split_first()?;
+        let item = self.reply.get(self.at..end)?;
+        (self.at, self.ends) = (end, rest);
+        Some(View::of(item))
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ use ngx::ffi::{
 };
 use ngx::ngx_log_error;
 
-use crate::codec::resp::Reply;
+use crate::codec::resp::Head;
 use crate::decide::lease::{Check, GiveBack};
 use crate::decide::log_throttle::LogThrottle;
 use crate::decide::quota::Period;
@@ -29,7 +29,7 @@ use crate::decide::slots::{Release, Renewal, Slots};
 use crate::glue::conf::MainConf;
 use crate::metrics::{LeaseEvent, SlotEvent};
 use crate::redis::follow::{follow, submit, Follow, Retries};
-use crate::redis::pool::{Waiter, WorkerPool};
+use crate::redis::pool::{Frame, Waiter, WorkerPool};
 
 /// How often expired reservations are looked for: a reservation's units go back at most this
 /// long after its end.
@@ -290,7 +290,7 @@ fn submit_one(mcf: &MainConf, what: What, zone: usize, args: EncodedArgs) -> Res
     let Some(redis) = mcf.redis(backend) else { return Err(what) };
     let r = Box::into_raw(Box::new(Returning {
         what,
-        waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+        waiter: Waiter { result: None, token: None, ev: ptr::null_mut(), pool: ptr::null_mut() },
         // SAFETY: all-zero is an idle event.
         ev: unsafe { core::mem::zeroed() },
         args,
@@ -343,10 +343,10 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
 fn answered(
     mcf: &MainConf,
     what: &What,
-    result: Option<&Result<Reply, crate::redis::pool::RedisError>>,
+    result: Option<&Result<Frame, crate::redis::pool::RedisError>>,
 ) {
     let reply = match result {
-        Some(Ok(reply @ Reply::Array(_))) => Some(reply),
+        Some(Ok(frame)) => Some(frame.view()).filter(|r| matches!(r.head(), Some(Head::Array(_)))),
         _ => None,
     };
     let metrics = mcf.metrics.get();
@@ -406,14 +406,13 @@ fn answered(
             // Lost on the way or refused: the rid is still in the ledger if it did not run, and
             // leaves it when it does, so sending it again never applies it twice.
             _ => {
-                if let Some(Ok(Reply::Error(e))) = result {
-                    if settle::refused(e) {
-                        metrics.settlement_lost();
-                        return log_refused(mcf, p, e, now);
-                    }
+                let error = result.and_then(|r| r.as_ref().ok()).and_then(|f| f.view().error());
+                if let Some(e) = error.filter(|e| settle::refused(e)) {
+                    metrics.settlement_lost();
+                    return log_refused(mcf, p, e, now);
                 }
                 // An error reply ran and wrote nothing; anything else may have been applied.
-                let tried = p.tried || !matches!(result, Some(Ok(Reply::Error(_))));
+                let tried = p.tried || error.is_none();
                 keep_settlement(mcf, Pending { tried, ..p.clone() });
             }
         },

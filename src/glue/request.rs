@@ -70,7 +70,7 @@ pub unsafe fn eval(
 }
 
 /// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of
-/// request `r`'s decision fires, both running `handler`.
+/// request `r`'s decision fires, both running `handler`; its replies are kept in `r`'s pool.
 pub unsafe fn attach(
     waiter: &mut Waiter,
     ev: &mut ngx_event_t,
@@ -78,6 +78,7 @@ pub unsafe fn attach(
     r: *mut ngx_http_request_t,
 ) {
     waiter.ev = ev;
+    waiter.pool = (*r).pool;
     ev.handler = Some(handler);
     // Timer code logs `ev->data` as a connection; the context is found with container_of.
     ev.data = (*r).connection as *mut c_void;

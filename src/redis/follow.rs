@@ -7,10 +7,9 @@ use core::ptr::NonNull;
 
 use ngx::ffi::ngx_msec_t;
 
-use super::pool::{Command, RedisError, Token, Waiter, WorkerPool};
+use super::pool::{Command, Frame, RedisError, Token, Waiter, WorkerPool};
 use super::topology::{parse_redirect, Redirect};
 use crate::codec::call::Args;
-use crate::codec::resp::Reply;
 
 /// How many `MOVED` and `ASK` one decision follows: more means the cluster changes faster
 /// than this worker's table follows, and the decision's time is better spent failing.
@@ -48,12 +47,12 @@ enum Detour {
 }
 
 /// Whether a decision's result is a reply asking for another round trip.
-pub fn asks_again(result: &Option<Result<Reply, RedisError>>) -> bool {
+pub fn asks_again(result: &Option<Result<Frame, RedisError>>) -> bool {
     detour(result).is_some()
 }
 
-fn detour(result: &Option<Result<Reply, RedisError>>) -> Option<Detour> {
-    let Some(Ok(Reply::Error(e))) = result else { return None };
+fn detour(result: &Option<Result<Frame, RedisError>>) -> Option<Detour> {
+    let e = result.as_ref()?.as_ref().ok()?.view().error()?;
     if e.starts_with(b"NOSCRIPT") {
         Some(Detour::NoScript)
     } else if e.starts_with(b"TRYAGAIN") {

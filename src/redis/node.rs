@@ -21,7 +21,7 @@ use super::pool::{log, Command, RedisError, Token, Waiter};
 use super::query::Query;
 use super::topology::NodeAddr;
 use super::tracker::Tracker;
-use crate::codec::resp::{Reply, MAX_REPLY_LEN};
+use crate::codec::resp::{Head, Reply, View, MAX_REPLY_LEN};
 use crate::metrics::{Counter, Gauge, Metrics};
 
 /// A new connection is opened only when every open one already carries this many decisions;
@@ -275,25 +275,24 @@ impl NodePool {
 
     /// A set-up command's reply: an error (`WRONGPASS`, `ERR DB index is out of range`), or a
     /// `ROLE` other than `master`, fails the connection and counts for the breaker.
-    pub(super) fn set_up(&mut self, step: Setup, reply: &Reply) -> Result<(), RedisError> {
-        match (step, reply) {
+    pub(super) fn set_up(&mut self, step: Setup, reply: View<'_>) -> Result<(), RedisError> {
+        match (step, reply.error()) {
             // A Redis with no password set answers `AUTH` with an `ERR` and serves anyway.
-            (Setup::Auth, Reply::Error(e)) if !breaker::unusable(e) => {
+            (Setup::Auth, Some(e)) if !breaker::unusable(e) => {
                 self.metrics.error_reply(e);
                 Ok(())
             }
-            (_, Reply::Error(e)) => {
+            (_, Some(e)) => {
                 self.metrics.error_reply(e);
                 Err(RedisError::Refused(String::from_utf8_lossy(e).into_owned()))
             }
-            (Setup::Role, Reply::Array(Some(items))) => match items.first() {
-                Some(Reply::Bulk(Some(role))) if role == b"master" => Ok(()),
-                Some(Reply::Bulk(Some(role))) => {
+            (Setup::Role, None) => match reply.items().map(|mut items| items.next_head()) {
+                Some(Some(Head::Bulk(Some(b"master")))) => Ok(()),
+                Some(Some(Head::Bulk(Some(role)))) => {
                     Err(RedisError::NotPrimary(String::from_utf8_lossy(role).into_owned()))
                 }
                 _ => Err(RedisError::NotPrimary(String::new())),
             },
-            (Setup::Role, _) => Err(RedisError::NotPrimary(String::new())),
             _ => Ok(()),
         }
     }
@@ -519,8 +518,8 @@ impl NodePool {
     /// failures. A `late` one (past its deadline, its request long answered) proves nothing
     /// either way. Returns whether the connection should be replaced (`READONLY`: a replica
     /// after a failover, whose address may lead to the new primary on a fresh connection).
-    pub(super) fn replied(&mut self, reply: &Reply, late: bool) -> bool {
-        if let Reply::Error(e) = reply {
+    pub(super) fn replied(&mut self, reply: View<'_>, late: bool) -> bool {
+        if let Some(e) = reply.error() {
             self.metrics.error_reply(e);
             if breaker::from_cluster(e) && self.role != Role::Cluster && !self.cluster_logged {
                 self.cluster_logged = true;

@@ -10,7 +10,10 @@ use core::cell::Cell;
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_event_t, ngx_post_event, ngx_posted_events};
+use ngx::ffi::{
+    ngx_current_msec, ngx_cycle, ngx_event_t, ngx_pnalloc, ngx_pool_t, ngx_post_event,
+    ngx_posted_events,
+};
 
 use super::batch::Shape;
 use super::cluster::Cluster;
@@ -20,7 +23,7 @@ use super::node::{Addr, NodePool, Role};
 use super::sentinel::Sentinel;
 use super::topology::Redirect;
 use crate::codec::call::Args;
-use crate::codec::resp::{ProtocolError, Reply, MAX_REPLY_LEN};
+use crate::codec::resp::{ProtocolError, View, MAX_REPLY_LEN};
 use crate::codec::slot::key_slot;
 use crate::metrics::{ErrorKind, Metrics};
 
@@ -92,10 +95,49 @@ impl fmt::Display for RedisError {
 
 /// The part of a pending decision the pool may touch.
 pub struct Waiter {
-    pub result: Option<Result<Reply, RedisError>>,
+    pub result: Option<Result<Frame, RedisError>>,
     pub token: Option<Token>,
     /// Posted when `result` is set.
     pub ev: *mut ngx_event_t,
+    /// Where its reply's bytes are kept: its owner's nginx pool (a request's), which outlives
+    /// the waiter and whatever it was answered; null: the heap.
+    pub pool: *mut ngx_pool_t,
+}
+
+/// A reply's bytes as its waiter gets them: framed whole by the connection, then copied out of
+/// the read buffer, which the next read reuses, to where the waiter's owner keeps them. A
+/// request's reply goes to its pool, which is no heap allocation and needs no freeing; the
+/// bytes are read where they lie ([`Frame::view`]) instead of built into a `Reply` tree.
+pub struct Frame(Kept);
+
+enum Kept {
+    /// In the waiter's pool, freed with it.
+    Pooled(NonNull<[u8]>),
+    Heap(Box<[u8]>),
+}
+
+impl Frame {
+    /// A copy of `bytes` in `pool` (null, or out of memory there: on the heap).
+    ///
+    /// # Safety
+    /// `pool` is null or a live pool that outlives the frame.
+    unsafe fn copy(bytes: &[u8], pool: *mut ngx_pool_t) -> Frame {
+        let to = if pool.is_null() { ptr::null_mut() } else { ngx_pnalloc(pool, bytes.len()) };
+        if to.is_null() {
+            return Frame(Kept::Heap(bytes.into()));
+        }
+        ptr::copy_nonoverlapping(bytes.as_ptr(), to as *mut u8, bytes.len());
+        let kept = ptr::slice_from_raw_parts_mut(to as *mut u8, bytes.len());
+        Frame(Kept::Pooled(NonNull::new_unchecked(kept)))
+    }
+
+    pub fn view(&self) -> View<'_> {
+        View::of(match &self.0 {
+            // SAFETY: copied there by `copy`, in a pool that outlives the frame.
+            Kept::Pooled(bytes) => unsafe { bytes.as_ref() },
+            Kept::Heap(bytes) => bytes,
+        })
+    }
 }
 
 /// What a waiter sends. Its bytes are read only while the waiter is pending, and a cancelled
@@ -319,13 +361,14 @@ pub(super) fn log() -> *mut ngx::ffi::ngx_log_t {
     unsafe { (*ngx_cycle).log }
 }
 
-/// Stores a waiter's result and wakes its request through its posted event.
+/// Stores a waiter's result, the reply's bytes copied where it keeps them, and wakes its
+/// request through its posted event.
 ///
 /// # Safety
 /// `w` is a pending waiter: its request has not run its cleanup.
-pub(super) unsafe fn complete(w: NonNull<Waiter>, result: Result<Reply, RedisError>) {
+pub(super) unsafe fn complete(w: NonNull<Waiter>, result: Result<View<'_>, RedisError>) {
     let w = &mut *w.as_ptr();
-    w.result = Some(result);
+    w.result = Some(result.map(|reply| Frame::copy(reply.bytes(), w.pool)));
     w.token = None;
     ngx_post_event(w.ev, ptr::addr_of_mut!(ngx_posted_events));
 }

@@ -43,7 +43,12 @@ impl Query {
         done: Done,
     ) -> Result<NonNull<Query>, RedisError> {
         let q = Box::new(Query {
-            waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+            waiter: Waiter {
+                result: None,
+                token: None,
+                ev: ptr::null_mut(),
+                pool: ptr::null_mut(),
+            },
             ev: core::mem::zeroed(),
             bytes,
             owner,
@@ -103,9 +108,9 @@ impl Query {
 
 /// The reply (posted by the pool) or the deadline.
 unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
-    let q = Box::from_raw((*ev).data as *mut Query);
-    let result = match q.waiter.result.clone() {
-        Some(result) => result,
+    let mut q = Box::from_raw((*ev).data as *mut Query);
+    let result = match q.waiter.result.take() {
+        Some(result) => result.and_then(|r| r.view().to_reply().map_err(RedisError::Protocol)),
         None => {
             // Deadline: the query's node counts it like a request's.
             if let Some(token) = q.waiter.token {
@@ -114,7 +119,6 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
             Err(RedisError::Timeout)
         }
     };
-    let mut q = q;
     q.waiter.token = None;
     Query::detach(&q);
     let (owner, done) = (q.owner, q.done);

@@ -31,6 +31,8 @@ pub enum ProtocolError {
     TooLarge,
     TooDeep,
     MissingCrlf,
+    /// Bytes read as one reply (a [`View`]) that end before it does.
+    Truncated,
 }
 
 impl fmt::Display for ProtocolError {
@@ -42,6 +44,7 @@ impl fmt::Display for ProtocolError {
             ProtocolError::TooLarge => f.write_str("reply too large"),
             ProtocolError::TooDeep => f.write_str("reply nested too deeply"),
             ProtocolError::MissingCrlf => f.write_str("reply line not terminated by CRLF"),
+            ProtocolError::Truncated => f.write_str("reply cut short"),
         }
     }
 }
@@ -84,14 +87,16 @@ pub fn decode_within(buf: &[u8], limit: usize) -> Result<Option<(Reply, usize)>,
 pub struct Framer {
     at: usize,
     open: Vec<usize>,
+    /// Where each of the first [`ENDS_KEPT`] items of the reply's array ends, from its start.
+    ends: Vec<usize>,
 }
 
-impl Framer {
-    /// Whether no part of a reply has been framed yet.
-    fn is_fresh(&self) -> bool {
-        self.at == 0 && self.open.is_empty()
-    }
+/// The items of a reply's array whose ends a [`Framer`] keeps: a script call's batch at most
+/// (`call::MAX_BATCH_DECISIONS`), so that it is split where framing found its decisions' ends
+/// rather than by walking it again.
+pub const ENDS_KEPT: usize = 64;
 
+impl Framer {
     /// The bytes of the reply at the start of `buf`, once all of them have arrived: `Ok(None)`
     /// until then. The outcome is [`decode_within`]'s for the same bytes, wherever reads cut
     /// them. Between calls `buf` may only grow at its end; after `Some` or an error the framer
@@ -105,55 +110,45 @@ impl Framer {
         r
     }
 
+    /// Where the items of the array [`Framer::frame`] framed last end, from its start: the
+    /// first [`ENDS_KEPT`] of them (none for a reply that is no array).
+    pub fn ends(&self) -> &[usize] {
+        &self.ends
+    }
+
     fn frame_view(&mut self, view: &[u8], limit: usize) -> Result<Option<usize>, ProtocolError> {
         let more = || if view.len() > limit { Err(ProtocolError::TooLarge) } else { Ok(None) };
+        if self.at == 0 {
+            self.ends.clear();
+        }
         loop {
             if self.open.len() > MAX_DEPTH {
                 return Err(ProtocolError::TooDeep);
             }
-            let Some((line, next)) = read_line(view, self.at)? else { return more() };
-            let (kind, body) = line.split_first().ok_or(ProtocolError::BadType(b'\r'))?;
-            let end = match kind {
-                b'+' | b'-' => next,
-                b':' => parse_int(body).map(|_| next)?,
-                b'$' => match parse_int(body)? {
-                    -1 => next,
-                    len => {
-                        let len = usize::try_from(len).map_err(|_| ProtocolError::BadLength)?;
-                        if len > MAX_BULK_LEN {
-                            return Err(ProtocolError::TooLarge);
-                        }
-                        if view.len() < next + len + 2 {
-                            return more();
-                        }
-                        if &view[next + len..next + len + 2] != b"\r\n" {
-                            return Err(ProtocolError::MissingCrlf);
-                        }
-                        next + len + 2
-                    }
+            // An integer, most lines of a script's reply, read without the general reading.
+            let (head, end) = match number_line(view, self.at) {
+                Some((b':', v, next)) => (Head::Int(v), next),
+                _ => match head(view, self.at)? {
+                    Some(line) => line,
+                    None => return more(),
                 },
-                b'*' => match parse_int(body)? {
-                    -1 => next,
-                    n => {
-                        let n = usize::try_from(n).map_err(|_| ProtocolError::BadLength)?;
-                        if n > MAX_ARRAY_LEN {
-                            return Err(ProtocolError::TooLarge);
-                        }
-                        self.at = next;
-                        if n > 0 {
-                            self.open.push(n);
-                            continue;
-                        }
-                        next
-                    }
-                },
-                other => return Err(ProtocolError::BadType(*other)),
             };
             self.at = end;
+            if let Head::Array(Some(n)) = head {
+                if n > 0 {
+                    self.open.push(n);
+                    continue;
+                }
+            }
             loop {
-                let Some(owed) = self.open.last_mut() else {
+                let depth = self.open.len();
+                if depth == 0 {
                     return if end > limit { Err(ProtocolError::TooLarge) } else { Ok(Some(end)) };
-                };
+                }
+                if depth == 1 && self.ends.len() < ENDS_KEPT {
+                    self.ends.push(end);
+                }
+                let owed = &mut self.open[depth - 1];
                 *owed -= 1;
                 if *owed > 0 {
                     break;
@@ -161,26 +156,6 @@ impl Framer {
                 self.open.pop();
             }
         }
-    }
-}
-
-/// [`decode_within`] through `framer`: the reply is decoded once, when all of it is there.
-pub fn decode_framed(
-    framer: &mut Framer,
-    buf: &[u8],
-    limit: usize,
-) -> Result<Option<(Reply, usize)>, ProtocolError> {
-    // A reply that came whole in one read (a script call's, nearly always) is decoded at once:
-    // framing it first walked every line of it twice. The framer takes over only for a reply
-    // still incomplete, whose first read then costs one decode that is thrown away.
-    if framer.is_fresh() {
-        if let done @ (Ok(Some(_)) | Err(_)) = decode_within(buf, limit) {
-            return done;
-        }
-    }
-    match framer.frame(buf, limit)? {
-        Some(n) => decode_within(&buf[..n], limit),
-        None => Ok(None),
     }
 }
 
@@ -192,18 +167,63 @@ fn decode_at(
     if depth > MAX_DEPTH {
         return Err(ProtocolError::TooDeep);
     }
-    let Some((line, next)) = read_line(buf, pos)? else { return Ok(None) };
-    let (kind, body) = line.split_first().ok_or(ProtocolError::BadType(b'\r'))?;
-    match kind {
-        b'+' => Ok(Some((Reply::Status(body.to_vec()), next))),
-        b'-' => Ok(Some((Reply::Error(body.to_vec()), next))),
-        b':' => Ok(Some((Reply::Int(parse_int(body)?), next))),
-        b'$' => {
-            let len = parse_int(body)?;
-            if len == -1 {
-                return Ok(Some((Reply::Bulk(None), next)));
+    let Some((head, next)) = head(buf, pos)? else { return Ok(None) };
+    let reply = match head {
+        Head::Status(s) => Reply::Status(s.to_vec()),
+        Head::Error(e) => Reply::Error(e.to_vec()),
+        Head::Int(v) => Reply::Int(v),
+        Head::Bulk(b) => Reply::Bulk(b.map(<[u8]>::to_vec)),
+        Head::Array(None) => Reply::Array(None),
+        Head::Array(Some(n)) => {
+            let mut items = Vec::with_capacity(n.min(16));
+            let mut at = next;
+            for _ in 0..n {
+                let Some((item, after)) = decode_at(buf, at, depth + 1)? else { return Ok(None) };
+                items.push(item);
+                at = after;
             }
-            let len = usize::try_from(len).map_err(|_| ProtocolError::BadLength)?;
+            return Ok(Some((Reply::Array(Some(items)), at)));
+        }
+    };
+    Ok(Some((reply, next)))
+}
+
+/// What the first line of a reply says, with a bulk string's body: a reply read where its bytes
+/// lie, without copying them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head<'a> {
+    Status(&'a [u8]),
+    Error(&'a [u8]),
+    Int(i64),
+    Bulk(Option<&'a [u8]>),
+    /// An array's length (`None`: nil); its items follow.
+    Array(Option<usize>),
+}
+
+/// The head of the reply at `pos` and the offset after it (after a bulk string's body, before
+/// an array's items), once all of it is there: the one reading of a reply's lines that framing,
+/// [`decode`] and [`View`] share.
+fn head(buf: &[u8], pos: usize) -> Result<Option<(Head<'_>, usize)>, ProtocolError> {
+    let (kind, n, next) = match number_line(buf, pos) {
+        Some(line) => line,
+        None => {
+            let Some((line, next)) = read_line(buf, pos)? else { return Ok(None) };
+            let (kind, body) = line.split_first().ok_or(ProtocolError::BadType(b'\r'))?;
+            match kind {
+                b'+' => return Ok(Some((Head::Status(body), next))),
+                b'-' => return Ok(Some((Head::Error(body), next))),
+                b':' | b'$' | b'*' => (*kind, parse_int(body)?, next),
+                other => return Err(ProtocolError::BadType(*other)),
+            }
+        }
+    };
+    let head = match kind {
+        b':' => Head::Int(n),
+        b'$' => {
+            if n == -1 {
+                return Ok(Some((Head::Bulk(None), next)));
+            }
+            let len = usize::try_from(n).map_err(|_| ProtocolError::BadLength)?;
             if len > MAX_BULK_LEN {
                 return Err(ProtocolError::TooLarge);
             }
@@ -214,28 +234,190 @@ fn decode_at(
             if &buf[end..end + 2] != b"\r\n" {
                 return Err(ProtocolError::MissingCrlf);
             }
-            Ok(Some((Reply::Bulk(Some(buf[next..end].to_vec())), end + 2)))
+            return Ok(Some((Head::Bulk(Some(&buf[next..end])), end + 2)));
         }
-        b'*' => {
-            let n = parse_int(body)?;
+        _ => {
             if n == -1 {
-                return Ok(Some((Reply::Array(None), next)));
+                return Ok(Some((Head::Array(None), next)));
             }
             let n = usize::try_from(n).map_err(|_| ProtocolError::BadLength)?;
             if n > MAX_ARRAY_LEN {
                 return Err(ProtocolError::TooLarge);
             }
-            let mut items = Vec::with_capacity(n.min(16));
-            let mut at = next;
-            for _ in 0..n {
-                let Some((item, after)) = decode_at(buf, at, depth + 1)? else { return Ok(None) };
-                items.push(item);
-                at = after;
-            }
-            Ok(Some((Reply::Array(Some(items)), at)))
+            Head::Array(Some(n))
         }
-        other => Err(ProtocolError::BadType(*other)),
+    };
+    Ok(Some((head, next)))
+}
+
+/// The line at `pos` when it is a well-formed number (`:`, `$`, `*`, then at most nineteen
+/// digits, CRLF): its kind, value and the offset after it, read in one pass. Every line of a
+/// script's reply is one, and each is read a few times (framed, split from its batch, read);
+/// finding the line's end first and parsing its digits after was most of their cost. `None`
+/// for anything else, which [`read_line`] and [`parse_int`] then read and word the error of.
+/// Inlined: returned through memory from a call, its three values cost as much again.
+#[inline(always)]
+fn number_line(buf: &[u8], pos: usize) -> Option<(u8, i64, usize)> {
+    let (&kind, rest) = buf.get(pos..)?.split_first()?;
+    if !matches!(kind, b':' | b'$' | b'*') {
+        return None;
     }
+    let (neg, digits) = match rest.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, rest),
+    };
+    let mut v: u64 = 0;
+    for (i, &b) in digits.iter().enumerate().take(20) {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            if i == 0 || b != b'\r' || digits.get(i + 1) != Some(&b'\n') {
+                return None;
+            }
+            let v = i64::try_from(v).ok()?;
+            return Some((kind, if neg { -v } else { v }, pos + 1 + usize::from(neg) + i + 2));
+        }
+        if i == 19 {
+            // A twentieth digit.
+            return None;
+        }
+        v = v * 10 + u64::from(d);
+    }
+    None
+}
+
+/// The end of the reply at `pos`, once all of it is there.
+fn end_of(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, ProtocolError> {
+    if depth > MAX_DEPTH {
+        return Err(ProtocolError::TooDeep);
+    }
+    let Some((head, mut at)) = head(buf, pos)? else { return Ok(None) };
+    if let Head::Array(Some(n)) = head {
+        for _ in 0..n {
+            let Some(after) = end_of(buf, at, depth + 1)? else { return Ok(None) };
+            at = after;
+        }
+    }
+    Ok(Some(at))
+}
+
+/// One whole reply read where its bytes lie (a connection's read buffer, a copy of it): what
+/// the script's replies are read through, item by item, without building a [`Reply`] tree and
+/// its allocations. Made of bytes a [`Framer`] framed; other bytes read as nothing (`None`,
+/// [`ProtocolError`]), never a panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View<'a>(&'a [u8]);
+
+impl<'a> View<'a> {
+    /// The reply `bytes` hold, as a [`Framer`] framed them.
+    pub fn of(bytes: &'a [u8]) -> View<'a> {
+        View(bytes)
+    }
+
+    pub fn bytes(self) -> &'a [u8] {
+        self.0
+    }
+
+    /// What it is (`None`: not a reply).
+    pub fn head(self) -> Option<Head<'a>> {
+        head(self.0, 0).ok().flatten().map(|(h, _)| h)
+    }
+
+    /// An error reply's text.
+    pub fn error(self) -> Option<&'a [u8]> {
+        // Asked of every reply on its way (redirections, the breaker, a batch's split): the
+        // first byte says no for nearly all.
+        if self.0.first() != Some(&b'-') {
+            return None;
+        }
+        match self.head()? {
+            Head::Error(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// A non-nil array's items, in order.
+    pub fn items(self) -> Option<Items<'a>> {
+        match head(self.0, 0) {
+            Ok(Some((Head::Array(Some(left)), at))) => Some(Items { buf: self.0, at, left }),
+            _ => None,
+        }
+    }
+
+    /// The reply as a tree, for the readers that keep or walk all of it (a set-up's answer,
+    /// `CLUSTER SLOTS`, a sentinel's, an invalidation).
+    pub fn to_reply(self) -> Result<Reply, ProtocolError> {
+        match decode_at(self.0, 0, 0)? {
+            Some((reply, _)) => Ok(reply),
+            None => Err(ProtocolError::Truncated),
+        }
+    }
+}
+
+/// An array's items, each a [`View`]; ends early at bytes that are not a reply.
+#[derive(Debug, Clone, Default)]
+pub struct Items<'a> {
+    buf: &'a [u8],
+    at: usize,
+    left: usize,
+}
+
+impl<'a> Items<'a> {
+    /// The items not read yet, as the array declares them.
+    pub fn len(&self) -> usize {
+        self.left
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+
+    /// The next item's head, the item passed: reading scalars (a script's integers) this way
+    /// looks at each line once.
+    pub fn next_head(&mut self) -> Option<Head<'a>> {
+        self.left = self.left.checked_sub(1)?;
+        let Ok(Some((head, mut end))) = head(self.buf, self.at) else { return self.stop() };
+        if let Head::Array(Some(_)) = head {
+            let Ok(Some(after)) = end_of(self.buf, self.at, 0) else { return self.stop() };
+            end = after;
+        }
+        self.at = end;
+        Some(head)
+    }
+
+    /// The next item as an integer, the item passed (`None`: it is something else): a
+    /// script's reply is integers, each read in its line's one pass.
+    pub fn next_int(&mut self) -> Option<i64> {
+        self.left = self.left.checked_sub(1)?;
+        match number_line(self.buf, self.at) {
+            Some((b':', v, next)) => {
+                self.at = next;
+                Some(v)
+            }
+            _ => self.stop(),
+        }
+    }
+
+    fn stop<T>(&mut self) -> Option<T> {
+        self.left = 0;
+        None
+    }
+}
+
+impl<'a> Iterator for Items<'a> {
+    type Item = View<'a>;
+
+    fn next(&mut self) -> Option<View<'a>> {
+        self.left = self.left.checked_sub(1)?;
+        let Ok(Some(end)) = end_of(self.buf, self.at, 0) else { return self.stop() };
+        let item = View(&self.buf[self.at..end]);
+        self.at = end;
+        Some(item)
+    }
+}
+
+/// An error reply of `text` (one line), as Redis would send it.
+pub fn error_reply(text: &[u8]) -> Vec<u8> {
+    [b"-", text, b"\r\n"].concat()
 }
 
 /// Returns the line starting at `pos` without its CRLF, and the offset after the CRLF.

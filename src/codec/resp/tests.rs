@@ -108,6 +108,104 @@ fn agrees_with_the_redis_crate_parser() {
     }
 }
 
+/// A view read item by item agrees with the redis crate's parser, and with the tree
+/// [`decode`] builds: nested arrays, nil, empty strings and arrays, errors among the items.
+#[test]
+fn a_view_agrees_with_the_redis_crate_parser_and_the_tree() {
+    let wires: [&[u8]; 8] = [
+        b"*4\r\n:1\r\n:1\r\n:99\r\n:60000\r\n",
+        b"*2\r\n*4\r\n:1\r\n:1\r\n:99\r\n:60000\r\n*4\r\n:0\r\n:0\r\n:0\r\n:1200\r\n",
+        b"*3\r\n*1\r\n*2\r\n:7\r\n$-1\r\n*0\r\n*-1\r\n",
+        b"$5\r\nhello\r\n",
+        b"$0\r\n\r\n",
+        b":-9223372036854775807\r\n",
+        b"*2\r\n$-1\r\n*0\r\n",
+        b"*3\r\n+PONG\r\n$3\r\na\r\n\r\n:5\r\n",
+    ];
+    for wire in wires {
+        let view = View::of(wire);
+        assert_eq!(view_to_redis_value(view), redis::parse_redis_value(wire).unwrap(), "{wire:?}");
+        assert_eq!(Ok(view.to_reply().unwrap()), decode(wire).map(|r| r.unwrap().0), "{wire:?}");
+    }
+    // An error among a batch's items is that item's alone.
+    let batch: &[u8] = b"*3\r\n:1\r\n-WRONGTYPE Operation\r\n*1\r\n:2\r\n";
+    let items: Vec<View> = View::of(batch).items().unwrap().collect();
+    assert_eq!(items.len(), 3);
+    assert_eq!(items[1].error(), Some(&b"WRONGTYPE Operation"[..]));
+    assert_eq!(items[1].bytes(), b"-WRONGTYPE Operation\r\n");
+    assert_eq!(items[2].items().unwrap().next_head(), Some(Head::Int(2)));
+    let mut heads = View::of(batch).items().unwrap();
+    assert_eq!(heads.next_head(), Some(Head::Int(1)));
+    assert_eq!(heads.next_head(), Some(Head::Error(b"WRONGTYPE Operation")));
+    assert_eq!(heads.next_head(), Some(Head::Array(Some(1))));
+    assert_eq!((heads.next_head(), heads.len()), (None, 0));
+    // Nil and no array: no items.
+    for wire in [&b"*-1\r\n"[..], b"$-1\r\n", b":1\r\n", b"-ERR x\r\n"] {
+        assert!(View::of(wire).items().is_none(), "{wire:?}");
+    }
+    assert_eq!(View::of(b"*-1\r\n").head(), Some(Head::Array(None)));
+    assert_eq!(View::of(b"$-1\r\n").head(), Some(Head::Bulk(None)));
+    assert_eq!(error_reply(b"MOVED 1 :7001"), b"-MOVED 1 :7001\r\n");
+}
+
+/// Bytes no framer passed read as nothing, or as fewer items than declared, with a clear
+/// error from `to_reply`: never a panic.
+#[test]
+fn a_view_of_bad_bytes_reads_as_nothing() {
+    let cut: &[u8] = b"*3\r\n:1\r\n:2\r\n";
+    let mut items = View::of(cut).items().unwrap();
+    assert_eq!(items.len(), 3);
+    assert_eq!(items.by_ref().count(), 2);
+    assert_eq!(items.len(), 0);
+    assert_eq!(View::of(cut).to_reply(), Err(ProtocolError::Truncated));
+    assert_eq!(View::of(b"").head(), None);
+    assert_eq!(View::of(b"").to_reply(), Err(ProtocolError::Truncated));
+    assert_eq!(View::of(b"*1\r\n:x\r\n").items().unwrap().next(), None);
+    assert_eq!(View::of(b"*1\r\n:x\r\n").to_reply(), Err(ProtocolError::BadInteger));
+    assert_eq!(View::of(b"HTTP/1.1").head(), None);
+    assert_eq!(View::of(b"$4\r\nab\r\n").head(), None);
+    let deep = "*1\r\n".repeat(MAX_DEPTH + 2) + ":1\r\n";
+    assert_eq!(View::of(deep.as_bytes()).items().unwrap().next(), None);
+    assert_eq!(View::of(deep.as_bytes()).to_reply(), Err(ProtocolError::TooDeep));
+
+    let mut s: u64 = 0x51ed270b27a1f1d3;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let base: &[u8] = b"*3\r\n*4\r\n:1\r\n:1\r\n:9\r\n:100\r\n-ERR x\r\n*2\r\n$-1\r\n*-1\r\n";
+    for _ in 0..20000 {
+        let mut buf = base.to_vec();
+        for _ in 0..(next() % 4) {
+            let i = (next() as usize) % buf.len();
+            buf[i] = next() as u8;
+        }
+        let cut = (next() as usize) % (buf.len() + 1);
+        let view = View::of(&buf[..cut]);
+        let _ = (view.head(), view.error(), view.to_reply());
+        for item in view.items().into_iter().flatten() {
+            let _ = (item.head(), item.items().map(|mut i| while i.next_head().is_some() {}));
+        }
+    }
+}
+
+fn view_to_redis_value(v: View) -> redis::Value {
+    match v.head().unwrap() {
+        Head::Status(s) => redis::Value::SimpleString(String::from_utf8_lossy(s).into()),
+        Head::Error(_) => unreachable!("not used in the cross-check"),
+        Head::Int(i) => redis::Value::Int(i),
+        Head::Bulk(None) | Head::Array(None) => redis::Value::Nil,
+        Head::Bulk(Some(b)) => redis::Value::BulkString(b.to_vec()),
+        Head::Array(Some(n)) => {
+            let items: Vec<_> = v.items().unwrap().map(view_to_redis_value).collect();
+            assert_eq!(items.len(), n);
+            redis::Value::Array(items)
+        }
+    }
+}
+
 fn to_redis_value(r: &Reply) -> redis::Value {
     match r {
         Reply::Status(s) => redis::Value::SimpleString(String::from_utf8_lossy(s).into()),
@@ -231,7 +329,8 @@ fn read_whole(data: &[u8], limit: usize) -> Outcome {
     }
 }
 
-/// Reads the stream in chunks cut at `cuts`, framing across them as `Conn::read` does.
+/// Reads the stream in chunks cut at `cuts`, framing across them as `Conn::read` does, each
+/// framed reply then read where it lies.
 fn read_in_chunks(data: &[u8], cuts: &[usize], limit: usize) -> Outcome {
     let (mut replies, mut inbuf, mut from) = (Vec::new(), Vec::new(), 0);
     let mut framer = Framer::default();
@@ -239,10 +338,10 @@ fn read_in_chunks(data: &[u8], cuts: &[usize], limit: usize) -> Outcome {
         inbuf.extend_from_slice(&data[from..to.max(from)]);
         from = to.max(from);
         loop {
-            match decode_framed(&mut framer, &inbuf, limit) {
-                Ok(Some((r, n))) => {
+            match framer.frame(&inbuf, limit) {
+                Ok(Some(n)) => {
                     assert!(n > 0 && n <= inbuf.len());
-                    replies.push((r, n));
+                    replies.push((View::of(&inbuf[..n]).to_reply().unwrap(), n));
                     inbuf.drain(..n);
                 }
                 Ok(None) => break,
@@ -344,12 +443,13 @@ fn a_reply_in_many_reads_is_framed_once() {
     let (mut looked_at, mut got) = (0, None);
     for end in (4096..wire.len()).step_by(4096).chain([wire.len()]) {
         looked_at += end - framer.at;
-        got = decode_framed(&mut framer, &wire[..end], MAX_TOPOLOGY_REPLY_LEN).unwrap();
+        got = framer.frame(&wire[..end], MAX_TOPOLOGY_REPLY_LEN).unwrap();
         assert_eq!(got.is_some(), end == wire.len());
     }
     assert!(looked_at < wire.len() + wire.len() / 50, "{looked_at} of {}", wire.len());
-    let (reply, used) = got.unwrap();
+    let used = got.unwrap();
     assert_eq!(used, wire.len());
+    let reply = View::of(&wire).to_reply().unwrap();
     assert_eq!(Some((reply, used)), decode_within(&wire, MAX_TOPOLOGY_REPLY_LEN).unwrap());
 }
 
@@ -376,4 +476,84 @@ fn fmt_u64_writes_every_length() {
     for v in values {
         assert_eq!(fmt_u64(v, &mut digits), v.to_string().as_bytes(), "{v}");
     }
+}
+
+/// The one-pass reading of a number line agrees with finding its end and parsing it after,
+/// on every line of up to six bytes of the characters that matter, and at the limits of i64.
+#[test]
+fn number_lines_read_as_lines_and_integers_do() {
+    let chars = b":*$-019\r\nx";
+    let mut line = Vec::new();
+    for len in 0..=6 {
+        let mut idx = vec![0usize; len];
+        loop {
+            line.clear();
+            line.extend(idx.iter().map(|&i| chars[i]));
+            let slow = read_line(&line, 0).and_then(|l| match l {
+                Some((l, next)) => match l.split_first() {
+                    Some((k @ (b':' | b'$' | b'*'), body)) => {
+                        Ok(Some((*k, parse_int(body)?, next)))
+                    }
+                    _ => Ok(None),
+                },
+                None => Ok(None),
+            });
+            if let Some(fast) = number_line(&line, 0) {
+                assert_eq!(slow, Ok(Some(fast)), "{line:?}");
+            }
+            let Some(i) = idx.iter().rposition(|&i| i + 1 < chars.len()) else { break };
+            idx[i] += 1;
+            idx[i + 1..].iter_mut().for_each(|i| *i = 0);
+        }
+    }
+    for digits in ["1", "9223372036854775807", "9223372036854775808", "99999999999999999999"] {
+        for sign in ["", "-"] {
+            let line = format!(":{sign}{digits}\r\n");
+            let slow = parse_int(format!("{sign}{digits}").as_bytes());
+            let fast = number_line(line.as_bytes(), 0).map(|(_, v, n)| (v, n));
+            assert_eq!(fast, slow.ok().map(|v| (v, line.len())), "{line}");
+        }
+    }
+}
+
+/// The framer keeps where the array's items end, wherever reads cut the reply, as reading its
+/// items finds them; the first `ENDS_KEPT` only, and none for a reply that is no array.
+#[test]
+fn the_framer_keeps_where_items_end() {
+    let wire: &[u8] = b"*3\r\n*4\r\n:1\r\n:1\r\n:9\r\n:100\r\n-ERR x\r\n*2\r\n$-1\r\n*-1\r\n:7\r\n";
+    let reply = &wire[..wire.len() - 4];
+    let mut at = b"*3\r\n".len();
+    let want: Vec<usize> = View::of(reply)
+        .items()
+        .unwrap()
+        .map(|v| {
+            at += v.bytes().len();
+            at
+        })
+        .collect();
+    assert_eq!(want, [26, 34, reply.len()]);
+    for cut in 0..=wire.len() {
+        let mut framer = Framer::default();
+        let first = framer.frame(&wire[..cut], MAX_REPLY_LEN).unwrap();
+        let n = framer.frame(wire, MAX_REPLY_LEN).unwrap();
+        assert_eq!((first.is_some(), n), (cut >= reply.len(), Some(reply.len())), "cut at {cut}");
+        assert_eq!(framer.ends(), want, "cut at {cut}");
+        assert_eq!(framer.frame(&wire[reply.len()..], MAX_REPLY_LEN), Ok(Some(4)));
+        assert!(framer.ends().is_empty());
+    }
+    let long = format!("*70\r\n{}", ":1\r\n".repeat(70));
+    let mut framer = Framer::default();
+    assert_eq!(framer.frame(long.as_bytes(), MAX_REPLY_LEN), Ok(Some(long.len())));
+    assert_eq!(framer.ends().len(), ENDS_KEPT);
+    assert_eq!(framer.ends()[0], 9);
+}
+
+#[test]
+fn integers_are_read_one_by_one_and_anything_else_stops() {
+    let mut items = View::of(b"*4\r\n:1\r\n:-20\r\n$1\r\n3\r\n:4\r\n").items().unwrap();
+    assert_eq!((items.next_int(), items.next_int()), (Some(1), Some(-20)));
+    assert_eq!((items.next_int(), items.len()), (None, 0));
+    assert_eq!(items.next_int(), None);
+    let mut cut = View::of(b"*2\r\n:1\r\n:2").items().unwrap();
+    assert_eq!((cut.next_int(), cut.next_int()), (Some(1), None));
 }

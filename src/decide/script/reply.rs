@@ -1,6 +1,6 @@
 //! The script's reply, read into decisions.
 
-use crate::codec::resp::Reply;
+use crate::codec::resp::View;
 use crate::decide::lease::Grant;
 
 use super::EncodedArgs;
@@ -55,58 +55,55 @@ pub enum ReplyError {
 }
 
 /// Reads the script's reply for a decision over `zones` zones, none asking for a reservation.
-pub fn decode_decision(reply: &Reply, zones: usize) -> Result<Decision, ReplyError> {
+pub fn decode_decision(reply: View<'_>, zones: usize) -> Result<Decision, ReplyError> {
     decode_args_reply(reply, zones, |_| false)
 }
 
 /// Reads the script's reply for the decision `args` encoded.
-pub fn decode_reply(reply: &Reply, args: &EncodedArgs) -> Result<Decision, ReplyError> {
+pub fn decode_reply(reply: View<'_>, args: &EncodedArgs) -> Result<Decision, ReplyError> {
     decode_args_reply(reply, args.call().zones(), |i| args.leased(i))
 }
 
-/// A zone that asked for a reservation or may wait answers seven fields, the others three.
+/// A zone that asked for a reservation or may wait answers seven fields, the others three. The
+/// integers are read straight from the reply's bytes, in order.
 fn decode_args_reply(
-    reply: &Reply,
+    reply: View<'_>,
     zones: usize,
     leased: impl Fn(usize) -> bool,
 ) -> Result<Decision, ReplyError> {
     let len = 1 + (0..zones).map(|z| if leased(z) { 7 } else { 3 }).sum::<usize>();
-    let items = match reply {
-        Reply::Error(msg) if msg.starts_with(b"NOSCRIPT") => return Err(ReplyError::NoScript),
-        Reply::Error(msg) => return Err(ReplyError::Redis(String::from_utf8_lossy(msg).into())),
-        Reply::Array(Some(items)) if items.len() == len && zones > 0 => items,
-        _ => return Err(ReplyError::Unexpected),
+    let mut items = match reply.items() {
+        Some(items) if items.len() == len && zones > 0 => items,
+        _ => {
+            return Err(match reply.error() {
+                Some(msg) if msg.starts_with(b"NOSCRIPT") => ReplyError::NoScript,
+                Some(msg) => ReplyError::Redis(String::from_utf8_lossy(msg).into()),
+                None => ReplyError::Unexpected,
+            })
+        }
     };
-    let int = |i: usize| match items[i] {
-        Reply::Int(v) if v >= 0 => Ok(v as u64),
+    let mut int = || match items.next_int() {
+        Some(v) if v >= 0 => Ok(v as u64),
         _ => Err(ReplyError::Unexpected),
     };
     // 2: admitted after a wait, which only a decision whose zones may wait is answered.
-    let (allowed, delayed) = match int(0)? {
+    let (allowed, delayed) = match int()? {
         0 => (false, false),
         1 => (true, false),
         2 if (0..zones).all(&leased) => (true, true),
         _ => return Err(ReplyError::Unexpected),
     };
-    let mut at = 1;
     // Sized once: collecting results through an iterator of `Result`s starts small and grows.
     let mut verdicts = Vec::with_capacity(zones);
     for z in 0..zones {
         let mut v = ZoneVerdict {
-            ok: int(at)? == 1,
-            remaining: int(at + 1)?,
-            reset_ms: int(at + 2)?,
+            ok: int()? == 1,
+            remaining: int()?,
+            reset_ms: int()?,
             grant: Grant::default(),
         };
-        at += 3;
         if leased(z) {
-            v.grant = Grant {
-                units: int(at)?,
-                life_ms: int(at + 1)?,
-                token: int(at + 2)?,
-                rid: int(at + 3)?,
-            };
-            at += 4;
+            v.grant = Grant { units: int()?, life_ms: int()?, token: int()?, rid: int()? };
         }
         verdicts.push(v);
     }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::codec::call::{split_batch, write_batch};
-use crate::codec::resp::Reply;
+use crate::codec::resp::{Framer, Head, View, MAX_REPLY_LEN};
 use crate::decide::key::Key;
 use crate::decide::lease::{GiveBack, Grant};
 
@@ -92,12 +92,13 @@ fn a_zone_asking_for_a_reservation_names_it_in_its_algorithm_field_and_gets_seve
             "7",
         ],
     );
-    let d = decode_reply(&ints(&[1, 1, 40, 900, 10, 1000, 77, 99, 1, 5, 600]), &args).unwrap();
+    let d = decode_reply(View::of(&ints(&[1, 1, 40, 900, 10, 1000, 77, 99, 1, 5, 600])), &args)
+        .unwrap();
     assert_eq!(d.zones[0].grant, Grant { units: 10, life_ms: 1000, token: 77, rid: 99 });
     assert_eq!((d.zones[1].remaining, d.zones[1].grant), (5, Grant::default()));
     // Three fields for the reserving zone: not the script's answer.
     assert_eq!(
-        decode_reply(&ints(&[1, 1, 40, 900, 1, 5, 600]), &args),
+        decode_reply(View::of(&ints(&[1, 1, 40, 900, 1, 5, 600])), &args),
         Err(ReplyError::Unexpected)
     );
 }
@@ -130,7 +131,7 @@ fn a_location_that_may_delay_sends_every_zone_its_longest_wait_and_gets_seven_fi
         ],
     );
     let reply = [2, 1, 0, 100, 1, 1200, 55, 9, 1, 97, 0, 1, 1200, 4503599627370496, 10];
-    let d = decode_reply(&ints(&reply), &args).unwrap();
+    let d = decode_reply(View::of(&ints(&reply)), &args).unwrap();
     assert!(d.allowed);
     assert_eq!(d.wait_ms, 1200);
     assert_eq!(d.zones[0].grant, Grant { units: 1, life_ms: 1200, token: 55, rid: 9 });
@@ -139,12 +140,16 @@ fn a_location_that_may_delay_sends_every_zone_its_longest_wait_and_gets_seven_fi
     let uneven = [2, 1, 0, 100, 1, 1200, 55, 9, 1, 97, 0, 1, 900, 4, 10];
     let none = [2, 1, 0, 100, 0, 0, 0, 0, 1, 97, 0, 0, 0, 0, 0];
     for bad in [uneven, none] {
-        assert_eq!(decode_reply(&ints(&bad), &args), Err(ReplyError::Unexpected), "{bad:?}");
+        assert_eq!(
+            decode_reply(View::of(&ints(&bad)), &args),
+            Err(ReplyError::Unexpected),
+            "{bad:?}"
+        );
     }
     // A decision that may not wait is never answered with one.
     let plain = [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::Gcra, 1)];
     let plain = EncodedArgs::new(plain.into_iter(), None);
-    assert_eq!(decode_reply(&ints(&[2, 1, 0, 100]), &plain), Err(ReplyError::Unexpected));
+    assert_eq!(decode_reply(View::of(&ints(&[2, 1, 0, 100])), &plain), Err(ReplyError::Unexpected));
 }
 
 #[test]
@@ -160,7 +165,7 @@ fn a_zone_that_settles_asks_for_a_placement_and_gets_seven_fields() {
     let fields = [&fields[..], &["g~0!", "100", "60000", "1", "7", "l", "100", "60000", "1", "0"]];
     assert_call(&args, &fields.concat());
     let reply = [1, 1, 0, 0, 100, 0, 41, 5, 1, 99, 0, 1, 0, 8, 6, 1, 98, 0];
-    let d = decode_reply(&ints(&reply), &args).unwrap();
+    let d = decode_reply(View::of(&ints(&reply)), &args).unwrap();
     assert_eq!(d.zones[0].grant, Grant { units: 100, life_ms: 0, token: 41, rid: 5 });
     assert_eq!((d.zones[2].remaining, d.wait_ms), (98, 0));
 }
@@ -198,7 +203,7 @@ fn a_concurrency_zone_sends_its_member_and_a_slot_is_released_or_renewed_alone()
     let renew = EncodedArgs::slot_op(SlotOp::Renew, &s);
     assert_call(&renew, &["1", "rl:conc:a", "", "Rn", "5", "5000", "1", "f00d"]);
     // A renewal that finds the slot gone: not allowed, the zone not ok.
-    assert!(!decode_decision(&ints(&[0, 0, 4, 0]), 1).unwrap().allowed);
+    assert!(!decode_decision(View::of(&ints(&[0, 0, 4, 0])), 1).unwrap().allowed);
     assert_eq!(Algorithm::parse("concurrency"), Some(Algorithm::Concurrency));
     assert_eq!(Algorithm::Concurrency.capacity(5, 1), 5);
 }
@@ -282,26 +287,86 @@ fn a_node_batch_declares_the_keys_of_its_first_decision_only() {
 #[test]
 fn splits_a_batch_reply() {
     let d = |allowed: i64| ints(&[allowed, allowed, 5, 100]);
-    let wrong = Reply::Error(b"WRONGTYPE Operation".to_vec());
-    let three = Reply::Array(Some(vec![d(1), wrong.clone(), d(0)]));
-    let parts: Vec<_> = split_batch(three, 3).unwrap().collect();
-    assert_eq!(parts, vec![d(1), wrong.clone(), d(0)]);
-    assert!(decode_decision(&parts[0], 1).unwrap().allowed);
-    assert_eq!(decode_decision(&parts[1], 1), Err(ReplyError::Redis("WRONGTYPE Operation".into())));
-    assert!(!decode_decision(&parts[2], 1).unwrap().allowed);
+    let wrong = b"-WRONGTYPE Operation\r\n".to_vec();
+    let three = [&b"*3\r\n"[..], &d(1), &wrong, &d(0)].concat();
+    let ends = item_ends(&three);
+    let parts: Vec<_> = split_batch(View::of(&three), 3, &ends).unwrap().collect();
+    assert_eq!(parts, [View::of(&d(1)), View::of(&wrong), View::of(&d(0))]);
+    assert!(decode_decision(parts[0], 1).unwrap().allowed);
+    assert_eq!(decode_decision(parts[1], 1), Err(ReplyError::Redis("WRONGTYPE Operation".into())));
+    assert!(!decode_decision(parts[2], 1).unwrap().allowed);
 
     // One decision: the reply is that decision's.
-    assert_eq!(split_batch(d(1), 1).map(Vec::from_iter), Ok(vec![d(1)]));
-    let noscript = Reply::Error(b"NOSCRIPT No matching script".to_vec());
+    let one = d(1);
+    let split = split_batch(View::of(&one), 1, &[]).map(Vec::from_iter);
+    assert_eq!(split, Ok(vec![View::of(&one)]));
+    let noscript = View::of(b"-NOSCRIPT No matching script\r\n");
     for n in [1, 2] {
-        assert_eq!(split_batch(noscript.clone(), n).map(Vec::from_iter), Err(noscript.clone()));
+        assert_eq!(split_batch(noscript, n, &[]).map(Vec::from_iter), Err(noscript));
     }
     // A reply of another shape concerns the whole call; each decision then decodes it as
     // unexpected.
-    let short = Reply::Array(Some(vec![d(1)]));
-    assert_eq!(split_batch(short.clone(), 2).map(Vec::from_iter), Err(short.clone()));
-    assert_eq!(decode_decision(&short, 1), Err(ReplyError::Unexpected));
-    assert_eq!(split_batch(Reply::Int(1), 2).map(Vec::from_iter), Err(Reply::Int(1)));
+    let short = [&b"*1\r\n"[..], &d(1)].concat();
+    let short = View::of(&short);
+    assert_eq!(split_batch(short, 2, &item_ends(short.bytes())).map(Vec::from_iter), Err(short));
+    assert_eq!(decode_decision(short, 1), Err(ReplyError::Unexpected));
+    let int = View::of(b":1\r\n");
+    assert_eq!(split_batch(int, 2, &[]).map(Vec::from_iter), Err(int));
+    let nil = View::of(b"*-1\r\n");
+    assert_eq!(split_batch(nil, 2, &[]).map(Vec::from_iter), Err(nil));
+    // Ends that are not the reply's (never so from its framer): fewer replies, no panic.
+    let wrong_ends = split_batch(View::of(&three), 3, &[2, 99, 100]).unwrap();
+    assert_eq!(wrong_ends.count(), 0);
+}
+
+/// Where a reply's items end, as `Conn::read`'s framer finds them.
+fn item_ends(wire: &[u8]) -> Vec<usize> {
+    let mut framer = Framer::default();
+    assert_eq!(framer.frame(wire, MAX_REPLY_LEN), Ok(Some(wire.len())));
+    framer.ends().to_vec()
+}
+
+/// A batch's replies as Redis sends them: nested arrays of a decision's integers, an error
+/// among them for one decision, as the redis crate's parser reads the same bytes.
+#[test]
+fn a_batch_reply_reads_as_the_redis_crate_parses_it() {
+    let leased = ints(&[1, 1, 40, 900, 10, 1000, 77, 99, 1, 5, 600]);
+    let plain = ints(&[0, 0, 0, 1200]);
+    let error = b"-ERR user_script:1: ratelimit: bad limit\r\n".to_vec();
+    let wire = [&b"*3\r\n"[..], &leased, &error, &plain].concat();
+    let theirs = match redis::parse_redis_value(&wire).unwrap() {
+        redis::Value::Array(items) => items,
+        other => panic!("{other:?}"),
+    };
+    let ends = item_ends(&wire);
+    let ours: Vec<_> = split_batch(View::of(&wire), 3, &ends).unwrap().collect();
+    assert_eq!(ours.len(), theirs.len());
+    for (view, value) in ours.iter().zip(&theirs) {
+        match value {
+            redis::Value::Array(values) => {
+                let got: Vec<redis::Value> = view
+                    .items()
+                    .unwrap()
+                    .map(|v| match v.head() {
+                        Some(Head::Int(i)) => redis::Value::Int(i),
+                        other => panic!("{other:?}"),
+                    })
+                    .collect();
+                assert_eq!(&got, values);
+            }
+            redis::Value::ServerError(e) => {
+                assert_eq!(view.error(), Some(&b"ERR user_script:1: ratelimit: bad limit"[..]));
+                assert_eq!(e.code(), "ERR");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let plain_args = EncodedArgs::new(
+        [zone(Key::new(b"rl:", b"api", b"a"), Algorithm::Gcra, 1)].into_iter(),
+        None,
+    );
+    assert!(!decode_reply(ours[2], &plain_args).unwrap().allowed);
+    assert!(matches!(decode_reply(ours[1], &plain_args), Err(ReplyError::Redis(_))));
 }
 
 #[test]
@@ -343,13 +408,16 @@ fn assert_call(args: &EncodedArgs, fields: &[&str]) {
     assert_eq!(cmd, expected.get_packed_command());
 }
 
-fn ints(v: &[i64]) -> Reply {
-    Reply::Array(Some(v.iter().map(|&i| Reply::Int(i)).collect()))
+/// An array of integers as Redis sends it.
+fn ints(v: &[i64]) -> Vec<u8> {
+    let mut wire = format!("*{}\r\n", v.len());
+    v.iter().for_each(|i| wire += &format!(":{i}\r\n"));
+    wire.into_bytes()
 }
 
 #[test]
 fn decodes_allow_and_deny() {
-    let d = decode_decision(&ints(&[1, 1, 41, 17_000]), 1).unwrap();
+    let d = decode_decision(View::of(&ints(&[1, 1, 41, 17_000])), 1).unwrap();
     assert_eq!(
         d,
         Decision {
@@ -363,25 +431,43 @@ fn decodes_allow_and_deny() {
             }]
         }
     );
-    let d = decode_decision(&ints(&[0, 1, 5, 100, 0, 0, 900, 0, 0, 1200]), 3).unwrap();
+    let d = decode_decision(View::of(&ints(&[0, 1, 5, 100, 0, 0, 900, 0, 0, 1200])), 3).unwrap();
     assert!(!d.allowed);
     assert_eq!(d.deciding_zone(), 2);
-    let d = decode_decision(&ints(&[1, 1, 5, 100, 1, 2, 900]), 2).unwrap();
+    let d = decode_decision(View::of(&ints(&[1, 1, 5, 100, 1, 2, 900])), 2).unwrap();
     assert_eq!(d.deciding_zone(), 1);
 }
 
 #[test]
 fn rejects_bad_replies() {
     assert_eq!(
-        decode_decision(&Reply::Error(b"NOSCRIPT No matching script".to_vec()), 1),
+        decode_decision(View::of(b"-NOSCRIPT No matching script\r\n"), 1),
         Err(ReplyError::NoScript)
     );
     assert_eq!(
-        decode_decision(&Reply::Error(b"WRONGTYPE Operation".to_vec()), 1),
+        decode_decision(View::of(b"-WRONGTYPE Operation\r\n"), 1),
         Err(ReplyError::Redis("WRONGTYPE Operation".into()))
     );
     for bad in [ints(&[1, 1, 2]), ints(&[2, 1, 2, 3]), ints(&[1, 0, 2, 3]), ints(&[1, 1, -2, 3])] {
-        assert_eq!(decode_decision(&bad, 1), Err(ReplyError::Unexpected), "{bad:?}");
+        assert_eq!(decode_decision(View::of(&bad), 1), Err(ReplyError::Unexpected), "{bad:?}");
     }
-    assert_eq!(decode_decision(&Reply::Bulk(None), 1), Err(ReplyError::Unexpected));
+    // Nil, other types where the integers go, a nested array, and bytes that are no reply
+    // (cut, corrupt, empty): each a clear error, never a panic.
+    let bad: [&[u8]; 12] = [
+        b"$-1\r\n",
+        b"*-1\r\n",
+        b"*0\r\n",
+        b"+OK\r\n",
+        b"*4\r\n:1\r\n$1\r\n1\r\n:5\r\n:100\r\n",
+        b"*4\r\n:1\r\n*1\r\n:1\r\n:5\r\n:100\r\n",
+        b"*4\r\n:1\r\n:1\r\n:5\r\n$-1\r\n",
+        b"*4\r\n:1\r\n:1\r\n:5\r\n",
+        b"*4\r\n:1\r\n:1\r\n:5\r\n:10",
+        b"*4\r\n:1\r\n:x\r\n:5\r\n:100\r\n",
+        b"*4\r\n",
+        b"",
+    ];
+    for bad in bad {
+        assert_eq!(decode_decision(View::of(bad), 1), Err(ReplyError::Unexpected), "{bad:?}");
+    }
 }

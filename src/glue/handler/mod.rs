@@ -83,10 +83,10 @@ pub struct Ctx {
     pub wait_ms: u64,
     /// ... and whether it is waiting now, on `ev`'s timer.
     waiting: bool,
-    /// Holds one of the worker's places for waiting requests (`MainConf::waiting`), from asking
-    /// with a wait allowed until it is decided without one or stops waiting: counted from the
-    /// ask, or the HTTP/2 streams a worker reads in one event would all be let wait.
-    place: bool,
+    /// Counted in `MainConf::waiting`, from asking with a wait allowed until it is decided
+    /// without one or stops waiting: counted from the ask, or the HTTP/2 streams a worker reads
+    /// in one event would all be let wait.
+    in_waiting_count: bool,
     /// `$ratelimit_settled`, once the request's settlement is worked out (`None` before).
     pub settled: Option<u64>,
 }
@@ -315,7 +315,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         return NGX_ERROR as ngx_int_t;
     }
     if may_wait {
-        ctx.place = true;
+        ctx.in_waiting_count = true;
         mcf.waiting.set(mcf.waiting.get() + 1);
     }
     // One clock per decision: the gateway's only when every zone asks for it.
@@ -344,7 +344,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     }
     if !sent && ctx.more.iter().all(|p| p.done) {
         decide(ctx, lcf, mcf);
-        leave_place(ctx, mcf);
+        leave_waiting_count(ctx, mcf);
         return apply(ctx, lcf, mcf);
     }
     // Notice a client that goes away while it waits (499), as limit_req's delay does.
@@ -426,7 +426,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
         wait_ms: 0,
         waiting: false,
-        place: false,
+        in_waiting_count: false,
         settled: None,
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
@@ -511,7 +511,7 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
             // awaited): it may grant slots, and with several backends it may have placed units.
             if let Some(reply) = part.waiter.result.take() {
                 orphan_slots(ctx, range.clone());
-                let answer = reply.ok().map(|reply| script::decode_reply(&reply, &part.args));
+                let answer = reply.ok().map(|reply| script::decode_reply(reply.view(), &part.args));
                 if let (true, Some(Ok(d))) = (several, answer) {
                     undo(ctx, range, &d);
                 }
@@ -521,7 +521,7 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
     }
     release_slots(ctx);
     if let Some(mcf) = ctx.mcf.as_ref() {
-        leave_place(ctx, mcf);
+        leave_waiting_count(ctx, mcf);
     }
     if core::mem::take(&mut ctx.waiting) {
         // Gone before its turn: its places go back, as reservations' unspent units do.
@@ -552,9 +552,9 @@ unsafe fn orphan_slots(ctx: &Ctx, range: core::ops::Range<usize>) {
 }
 
 /// Turns the parts' answers into the request's status.
-/// Frees the request's place among the worker's waiting requests, if it holds one.
-fn leave_place(ctx: &mut Ctx, mcf: &MainConf) {
-    if core::mem::take(&mut ctx.place) {
+/// Takes the request out of the worker's count of waiting requests, if it is in it.
+fn leave_waiting_count(ctx: &mut Ctx, mcf: &MainConf) {
+    if core::mem::take(&mut ctx.in_waiting_count) {
         mcf.waiting.set(mcf.waiting.get() - 1);
     }
 }

@@ -42,7 +42,12 @@ pub(super) struct Part {
 impl Part {
     pub(super) fn new(ctx: *mut Ctx, backend: usize, from: usize, to: usize) -> Self {
         Part {
-            waiter: Waiter { result: None, token: None, ev: ptr::null_mut() },
+            waiter: Waiter {
+                result: None,
+                token: None,
+                ev: ptr::null_mut(),
+                pool: ptr::null_mut(),
+            },
             // SAFETY: all-zero is an idle event.
             ev: unsafe { core::mem::zeroed() },
             args: EncodedArgs::default(),
@@ -191,7 +196,7 @@ pub(super) unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<D
         return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
     }
     let result = part.waiter.result.take().unwrap_or(Err(RedisError::Timeout));
-    match result.map(|reply| script::decode_reply(&reply, &part.args)) {
+    match result.map(|reply| script::decode_reply(reply.view(), &part.args)) {
         Ok(Ok(d)) => Ok(d),
         Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
             Err(Failure::WrongType(wrong_type_keys(&ctx.zones[range])))

@@ -19,7 +19,7 @@ use crate::redis::follow::{again, asks_again, follow, Follow, TRYAGAIN_DELAY};
 use crate::redis::pool::{RedisError, WorkerPool};
 
 use super::parts::Part;
-use super::{decide, leave_place, Ctx};
+use super::{decide, leave_waiting_count, Ctx};
 
 /// Completion or deadline of a part of a pending decision, or the end of a delayed request's wait.
 pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
@@ -35,7 +35,7 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         }
         (*ev).set_timedout(0);
         ctx.waiting = false;
-        leave_place(ctx, mcf);
+        leave_waiting_count(ctx, mcf);
         mcf.metrics.get().waited();
         return resume(r);
     }
@@ -101,7 +101,7 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         ngx_add_timer(&mut ctx.part.ev, ctx.wait_ms as ngx_msec_t);
         return;
     }
-    leave_place(ctx, mcf);
+    leave_waiting_count(ctx, mcf);
     resume(r);
 }
 

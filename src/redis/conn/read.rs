@@ -11,7 +11,7 @@ use ngx::ffi::{
 
 use super::{Conn, Queued, KEEP_CAPACITY, READ_CHUNK};
 use crate::codec::call;
-use crate::codec::resp::{self, Reply};
+use crate::codec::resp::{self, View};
 use crate::metrics::Gauge;
 use crate::redis::batch;
 use crate::redis::pool::{complete, RedisError};
@@ -58,20 +58,26 @@ impl Conn {
                 }
             }
             let mut pos = 0;
+            // Out of the connection while its replies are handed on: they are read where they
+            // lie, and the connection changes meanwhile (its queues, or closed).
+            let inbuf = core::mem::take(&mut conn.inbuf);
             loop {
                 let max = limit(conn);
-                match resp::decode_framed(&mut conn.framer, &conn.inbuf[pos..], max) {
-                    Ok(Some((mut reply, used))) => {
+                match conn.framer.frame(&inbuf[pos..], max) {
+                    Ok(Some(used)) => {
+                        let mut reply = View::of(&inbuf[pos..pos + used]);
                         pos += used;
                         // `MOVED 3999 :6381` means this node's host; other error replies
                         // (NOSCRIPT, a key's refusal) need no address worked out.
-                        if let Reply::Error(e) = &reply {
+                        let redirected;
+                        if let Some(e) = reply.error() {
                             let redirect = e.starts_with(b"MOVED ") || e.starts_with(b"ASK ");
                             let asked = || pool.addr.node_addr();
                             if let Some(e) =
                                 redirect.then(asked).flatten().and_then(|a| redirect_from(e, &a))
                             {
-                                reply = Reply::Error(e);
+                                redirected = resp::error_reply(&e);
+                                reply = View::of(&redirected);
                             }
                         }
                         let late = conn.overdue();
@@ -79,7 +85,12 @@ impl Conn {
                         if let Some((tracker, sub)) = conn.dedicated {
                             if sent.as_ref().is_none_or(|s| s.setup.is_none()) {
                                 // Asked for or not: an invalidation comes unasked.
-                                (*tracker.as_ptr()).replied(sub, reply);
+                                match reply.to_reply() {
+                                    Ok(reply) => (*tracker.as_ptr()).replied(sub, reply),
+                                    Err(e) => {
+                                        return Conn::close(this, RedisError::Protocol(e), true)
+                                    }
+                                }
                                 continue;
                             }
                         }
@@ -87,7 +98,7 @@ impl Conn {
                             return Conn::close(this, RedisError::UnexpectedReply, true);
                         };
                         if let Some(step) = sent.setup {
-                            if let Err(why) = pool.set_up(step, &reply) {
+                            if let Err(why) = pool.set_up(step, reply) {
                                 // What waits here follows the fail policy; a new connection
                                 // tries again (or a Sentinel group asks for its primary).
                                 return Conn::close(this, why, true);
@@ -101,28 +112,25 @@ impl Conn {
                             }
                             continue;
                         }
-                        replace |= pool.replied(&reply, late);
+                        replace |= pool.replied(reply, late);
                         if sent.decides == 0 {
                             continue;
                         }
                         let n = sent.decides;
                         pool.metrics.gauge(Gauge::InFlight, -(n as i64));
                         pool.metrics.round_trip(sent.written.elapsed().as_micros() as u64);
-                        let reply = match call::split_batch(reply, n) {
+                        let reply = match call::split_batch(reply, n, conn.framer.ends()) {
                             Ok(replies) => {
                                 let mut again = Vec::new();
                                 for ((seq, w, cmd), reply) in conn.in_flight.drain(..n).zip(replies)
                                 {
                                     let Some(w) = w else { continue };
-                                    match &reply {
-                                        Reply::Error(e) if sent.mixed => {
-                                            if let Some(why) = batch::not_local(e) {
-                                                pool.not_local(why);
-                                                again.push(Queued::alone(seq, w, cmd));
-                                                continue;
-                                            }
+                                    if let Some(e) = reply.error().filter(|_| sent.mixed) {
+                                        if let Some(why) = batch::not_local(e) {
+                                            pool.not_local(why);
+                                            again.push(Queued::alone(seq, w, cmd));
+                                            continue;
                                         }
-                                        _ => {}
                                     }
                                     complete(w, Ok(reply));
                                 }
@@ -131,8 +139,7 @@ impl Conn {
                             }
                             Err(reply) => reply,
                         };
-                        if n > 1
-                            && matches!(&reply, Reply::Error(e) if batch::redo_alone(e, sent.mixed))
+                        if n > 1 && reply.error().is_some_and(|e| batch::redo_alone(e, sent.mixed))
                         {
                             // Refused or redirected before it ran, for the keys of one of its
                             // decisions (`NOPERM`; in a node's batch, the declared ones):
@@ -149,7 +156,7 @@ impl Conn {
                         // Concerns the whole call (`NOSCRIPT`): every decision of it.
                         for (_, w, _) in conn.in_flight.drain(..n) {
                             if let Some(w) = w {
-                                complete(w, Ok(reply.clone()));
+                                complete(w, Ok(reply));
                             }
                         }
                     }
@@ -157,6 +164,7 @@ impl Conn {
                     Err(e) => return Conn::close(this, RedisError::Protocol(e), true),
                 }
             }
+            conn.inbuf = inbuf;
             conn.inbuf.drain(..pos);
             if eof || drained {
                 break eof;
