@@ -210,6 +210,14 @@ like($str->($v), qr/^NOTLOCAL /, 'a check of a key that cannot have a ledger: st
 is($c->cmd($home, 'ZSCORE', $pruned, 'old'), $now_ms - 120000,
     'the sliding_log entry out of its window is the one written before');
 is($c->cmd($home, 'ZSCORE', $slots, 'lapsed'), $now_ms - 1000, 'so is the lapsed slot');
+# Decision 1 of two zones (two declared keys, one slot): the undeclared keys follow them.
+my ($tag) = grep { $c->primary_of_slot($c->keyslot("{$_}")) == $home } map { "t$_" } 0 .. 200;
+my $r2 = $c->cmd($home, 'EVAL', $script, 2, "rl:{$tag}:a", "rl:{$tag}:b", 'k3', @local[9, 10], $remote,
+    '', @l_zone, 'c', 7, 60000, 1, 0, '', @l_zone, '', 'c', 5, 60000, 1, 0, '', @l_zone);
+# each zone's ok and remaining
+is(join(' | ', map { my $x = $_; ref $x eq 'ARRAY' ? "@$x[grep { $_ % 3 != 0 } 0 .. $#$x]" : $str->($x) =~ /^NOTLOCAL / ? 'NOTLOCAL' : $str->($x) } @$r2),
+    '1 9 1 6 | 1 9 | 1 4 | NOTLOCAL',
+    'two declared keys, then three undeclared: each decision on its own key');
 # A first access that fails on a key the node holds (other data): the decision's own error, as
 # for a declared key.
 $c->cmd($home, 'SET', $wrong_s, 'x');
