@@ -8,8 +8,8 @@ apart on one redis-server process each, with no nginx and no other Redis competi
   * batch size: at the same load a node gets a third of the decisions of an event-loop
     iteration, so its calls carry a third as many, and each call's fixed cost (reading the
     call, the script's set-up, TIME, the reply) is shared by fewer decisions;
-  * the node batch's form (lua/decide.lua): keys after the first decision's are undeclared and
-    probed with EXISTS before they are touched;
+  * the node batch's form (lua/decide.lua): keys after the first decision's are undeclared,
+    passed as arguments, each probed by its first access (an EXISTS before it until issue 31);
   * cluster mode itself: a cluster-enabled redis-server serving every slot, where Redis checks
     each key a script touches against the slots it serves.
 

@@ -188,11 +188,17 @@
 -- still be told the AUTH failure rather than a protocol error.
 -- A Cluster node's batch (decisions of several slots that one node serves) declares the keys of
 -- its first decision only, as a call may declare keys of one slot: ARGV[1] is then "k<m>" and
--- ARGV[2 .. m+1] are the other decisions' keys, in order, before the decisions' arguments. Each
--- undeclared key is probed (EXISTS, whose error is caught) before its decision reads or writes
--- anything: a key the node does not serve now (resharded, migrating and not here, a node that
--- refuses undeclared keys of other slots) makes that decision's reply the error
--- "NOTLOCAL <Redis's error>", with nothing written, for the module to send it again alone.
+-- ARGV[2 .. m+1] are the other decisions' keys, in order, before the decisions' arguments. A key
+-- the node does not serve now (resharded, migrating and not here, a node that refuses undeclared
+-- keys of other slots) makes that decision's reply the error "NOTLOCAL <Redis's error>", with
+-- nothing written, for the module to send it again alone. An undeclared key's first access is
+-- its probe: every algorithm reads its key (a caught error) before it writes, and a decision's
+-- zones are all read before the second pass writes. When that access fails, EXISTS tells a key
+-- the node does not serve (EXISTS fails too, and its error is the reply's) from one it holds
+-- with other data (the decision's error, as for a declared key). EXISTS probes remain where a
+-- write would come first: a reset ("D") and a check ("V") read nothing of their key, and
+-- pruning (l, r at their first read; n, Gn, Rn as it) writes before the decision's later zones
+-- are read, so those are probed before it.
 --
 -- Reply per decision: { allowed, then per zone: ok, remaining, reset_ms }, and for a zone that
 -- sent a reserve field or a placement ("!"), or of a decision whose zones sent delay fields, four
@@ -486,12 +492,14 @@ if undeclared then
   if undeclared + 2 > nargv then
     return redis.error_reply('ERR ratelimit: malformed batch at decision 1')
   end
-  keys = {}
+  -- One constructor sizes the table once (filled key by key, an empty one is rehashed at every
+  -- power of two: about 800 Redis instructions per decision in calls of 12). Read from ARGV at
+  -- 2 - declared, the declared keys' places hold ARGV[1] ("k<m>") and nils, then KEYS. unpack
+  -- takes up to about 8,000 values (Lua's C stack); a call of the module's, 64 KiB at most,
+  -- holds a few thousand keys at most.
+  keys = { unpack(ARGV, 2 - declared, undeclared + 1) }
   for i = 1, declared do
     keys[i] = KEYS[i]
-  end
-  for i = 1, undeclared do
-    keys[declared + i] = ARGV[1 + i]
   end
   a = undeclared + 2
 end
@@ -559,17 +567,10 @@ repeat
   local result, allowed = nil, 1
   -- Zones met so far that sent a delay field: all of the decision's or none.
   local ndelay = 0
+  -- A node's batch (header): `failed` the index in `keys` of the key whose first access failed,
+  -- `probed` once the decision's later undeclared keys are known to be this node's.
+  local failed, probed = nil, false
   repeat -- `break` ends this decision early with `result` set to its error
-    for i = declared - k >= 1 and declared - k + 1 or 1, nzones do
-      local e = pcall_redis('EXISTS', keys[k + i])
-      if type(e) == 'table' and e.err then
-        result = redis.error_reply('NOTLOCAL ' .. e.err)
-        break
-      end
-    end
-    if result then
-      break
-    end
     for i = 1, nzones do
       local p, o = a + 1 + 5 * (i - 1), ZONE_FIELDS * (i - 1)
       local key, alg = keys[k + i], ARGV[p]
@@ -713,7 +714,7 @@ repeat
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
         if type(v) == 'table' then
-          result = v
+          result, failed = v, k + i
           break
         end
         if v and not (held == 'c' and #v == COUNTER_LEN or held == 'g' and #v == GCRA_LEN
@@ -728,6 +729,20 @@ repeat
           break
         end
         S[o + FRESH] = not v
+      elseif alg ~= 'l' and alg ~= 'r' and alg ~= 'Gl' and k + nzones > declared and not probed then
+        -- Undeclared keys that no read probes in time (header): a reset's (D) or a check's (V),
+        -- and those of the zones after a concurrency zone (n, Gn, Rn), whose first access prunes.
+        for j = (alg == 'D' or alg == 'V') and i or i + 1, nzones do
+          local e = pcall_redis('EXISTS', keys[k + j])
+          if type(e) == 'table' then
+            result = redis.error_reply('NOTLOCAL ' .. e.err)
+            break
+          end
+        end
+        if result then
+          break
+        end
+        probed = true
       end
       if alg == 'l' or alg == 'r' then
         -- Sliding-window log: one sorted-set entry per admitted unit, scored by its ms. An entry
@@ -736,7 +751,7 @@ repeat
         -- needs, most often without another read.
         local e = pcall_redis('ZRANGE', key, '0', '1', 'WITHSCORES')
         if e.err then
-          result = e
+          result, failed = e, k + i
           break
         end
         local read, oldest, removed = #e / 2, tonumber(e[2]), 0
@@ -745,6 +760,20 @@ repeat
           break
         end
         if oldest and oldest <= now - w then
+          if k + nzones > declared and not probed then
+            -- Pruning is the decision's first write: its later undeclared keys go first.
+            for j = i + 1, nzones do
+              local x = pcall_redis('EXISTS', keys[k + j])
+              if type(x) == 'table' then
+                result = redis.error_reply('NOTLOCAL ' .. x.err)
+                break
+              end
+            end
+            if result then
+              break
+            end
+            probed = true
+          end
           removed = call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - w))
           -- One removed: the second oldest is the oldest now. More: not known yet.
           oldest = removed == 1 and tonumber(e[4]) or nil
@@ -856,7 +885,7 @@ repeat
         -- Concurrency (n, Gn, Rn): lapsed slots go first, whatever the decision.
         local gone = pcall_redis('ZREMRANGEBYSCORE', key, '-inf', now_s)
         if type(gone) == 'table' then
-          result = gone
+          result, failed = gone, k + i
           break
         end
         local used, mine = call('ZCARD', key), call('ZSCORE', key, ARGV[p + 4]) ~= false
@@ -872,7 +901,7 @@ repeat
         if alg == 'Gl' then
           local n = pcall_redis('ZCARD', key)
           if type(n) == 'table' then
-            result = n
+            result, failed = n, k + i
             break
           end
           S[o + S1] = n
@@ -898,6 +927,13 @@ repeat
       end
     end
     if result then
+      if failed and failed > declared then
+        -- An undeclared key's first access failed: NOTLOCAL if EXISTS fails as well (header).
+        local e = pcall_redis('EXISTS', keys[failed])
+        if type(e) == 'table' then
+          result = redis.error_reply('NOTLOCAL ' .. e.err)
+        end
+      end
       break
     end
     if ndelay ~= 0 and ndelay ~= nzones then

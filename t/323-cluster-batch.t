@@ -1,6 +1,7 @@
 # Per-node batches on a Redis Cluster: the decisions an event-loop iteration
 # queues for one node share one script call whatever their slots; only the
-# first decision's keys are declared, the script probes the others.  A
+# first decision's keys are declared, the script probes the others (their
+# first access, a read whose error is caught, is the probe).  A
 # decision whose key is not on the node after all (its slot moved and this
 # worker's table does not know yet, or it is migrating and the key left) is
 # answered NOTLOCAL having written nothing, and goes again alone, where MOVED
@@ -149,6 +150,82 @@ like(ref $r->[1] eq 'ARRAY' ? "@{$r->[1]}" : ref $r->[1] ? $r->[1]->message : "$
 is($r->[2][0], 1, 'decision 3 admitted');
 is(join(' ', map { $c->cmd($home, 'EXISTS', $_) } @local[0 .. 2]), '1 0 1',
     'decisions 1 and 3 written; not even the local zone of decision 2');
+
+# --- No EXISTS probes: an undeclared key's first access (a read, its error caught) is its
+# probe. Every kind of zone, on a key of another node: NOTLOCAL alone, first in its decision,
+# and after a local zone whose first access prunes (a sliding_log entry out of its window, a
+# lapsed concurrency slot), which must not prune then; the same kind on a local key is decided.
+my $str = sub { my $x = shift; ref $x eq 'ARRAY' ? "@$x" : ref $x ? $x->message : "$x" };
+my ($decl, $pruned, $slots, $wrong_s, $wrong_z, $spare) = @local[3 .. 8];
+# A key with braces and no hash tag has no ledger: a check ("V") of it touches nothing but the
+# probe.
+my ($untagged) = grep { $c->primary_of_slot($c->keyslot($_)) == $p[2] } map { "rl:{}:v$_" } 0 .. 200;
+# One call on $home: decision 1 declared (a counter zone on $decl), then each of @_, as
+# [[its keys], [its zones' fields]], undeclared. Returns the replies of those.
+my $batch = sub {
+    my @und = map { @{ $_->[0] } } @_;
+    my @argv = ('', 'c', 100, 60000, 1, 0);
+    push @argv, '', @{ $_->[1] } for @_;
+    my $r = $c->cmd($home, 'EVAL', $script, 1, $decl, 'k' . scalar(@und), @und, @argv);
+    return ref $r eq 'ARRAY' ? @$r[1 .. $#$r] : ($r);
+};
+my $now_ms = do { my $t = $c->cmd($home, 'TIME'); int($t->[0] * 1000 + $t->[1] / 1000) };
+$c->cmd($home, 'ZADD', $pruned, $now_ms - 120000, 'old');
+$c->cmd($home, 'ZADD', $slots, $now_ms - 1000, 'lapsed');
+my @l_zone = ('l', 10, 60000, 1, 0);
+my @n_zone = ('n', 10, 60000, 1, 'm-0');
+my $token = sprintf '%d', 2**52;
+my @kinds = (
+    ['l', 10, 60000, 1, 0], ['r', 10, 60000, 1, 'req-1'], ['p', 10, 60000, 1, 0],
+    ['c', 10, 60000, 1, 0], ['g', 10, 60000, 1, 5], ['q', 10, 14404, 1, 0],
+    ['b', 10, 60000, 1, 100], ['B', 10, 1, 50, 0], ['D', 1, 1, 0, 0],
+    ['n', 10, 60000, 1, 'm-1'], ['Gn', 10, 60000, 1, 'm-1'], ['Rn', 10, 60000, 1, 'm-1'],
+    ['V17', 1, 1, 0, 0],
+    ['l+8:1000', 100, 60000, 1, 0], ['p+8:1000', 100, 60000, 1, 0], ['c+8:1000', 100, 60000, 1, 0],
+    ['g+8:1000', 100, 60000, 1, 50], ['q+8:1000', 100, 14404, 1, 0], ['b+8:1000', 100, 60000, 1, 100],
+    ['l~0', 10, 60000, 1, 0], ['g~5000', 10, 60000, 1, 5], ['c+8:1000~2000', 100, 60000, 1, 0],
+    ['q~0!', 10, 14404, 1, 0],
+    ['l!', 10, 60000, 1, 0], ['p!', 10, 60000, 1, 0], ['c^', 10, 60000, 1, 0],
+    ['g!', 10, 60000, 1, 5], ['q^', 10, 14404, 1, 0], ['b!', 10, 60000, 1, 100],
+    ["Gl17", 10, 60000, 1, $token], ['Gp17', 10, 60000, 1, 5], ['Gc17', 10, 60000, 1, 5],
+    ['Gg17', 10, 60000, 1, 5], ['Gq17', 10, 14404, 1, 5], ['Gb17', 10, 60000, 1, 0],
+    ['Cl17', 10, 60000, 1, 0], ['Cp17', 10, 60000, 1, 0], ['Cc17', 10, 60000, 1, 0],
+    ['Cg17', 10, 60000, 1, 5], ['Cq17', 10, 14404, 1, 0], ['Cb17', 10, 60000, 1, 100],
+);
+for my $kind (@kinds) {
+    my $name = $kind->[0];
+    $c->cmd($home, 'DEL', $spare);
+    my @r = $batch->([[$remote], $kind], [[$remote, $pruned], [@$kind, @l_zone]],
+        [[$pruned, $remote], [@l_zone, @$kind]], [[$slots, $remote], [@n_zone, @$kind]],
+        [[$spare], $kind]);
+    my @got = map { $str->($_) =~ /^NOTLOCAL ERR Script attempted to access a non local key/ ? 1 : 0 } @r[0 .. 3];
+    # What pruning would remove is still there, and no slot was taken.
+    push @got, map { $c->cmd($home, 'ZCARD', $_) } $pruned, $slots;
+    is("@got", '1 1 1 1 1 1', "$name on another node's key: NOTLOCAL alone, first, after a local "
+        . 'zone that prunes (which did not)') or diag(join ' | ', map { $str->($_) } @r);
+    is(ref $r[4], 'ARRAY', "$name on a local undeclared key: decided") or diag($str->($r[4]));
+}
+my ($v) = $batch->([[$untagged], ['V17', 1, 1, 0, 0]]);
+like($str->($v), qr/^NOTLOCAL /, 'a check of a key that cannot have a ledger: still NOTLOCAL');
+is($c->cmd($home, 'ZSCORE', $pruned, 'old'), $now_ms - 120000,
+    'the sliding_log entry out of its window is the one written before');
+is($c->cmd($home, 'ZSCORE', $slots, 'lapsed'), $now_ms - 1000, 'so is the lapsed slot');
+# Decision 1 of two zones (two declared keys, one slot): the undeclared keys follow them.
+my ($tag) = grep { $c->primary_of_slot($c->keyslot("{$_}")) == $home } map { "t$_" } 0 .. 200;
+my $r2 = $c->cmd($home, 'EVAL', $script, 2, "rl:{$tag}:a", "rl:{$tag}:b", 'k3', @local[9, 10], $remote,
+    '', @l_zone, 'c', 7, 60000, 1, 0, '', @l_zone, '', 'c', 5, 60000, 1, 0, '', @l_zone);
+# each zone's ok and remaining
+is(join(' | ', map { my $x = $_; ref $x eq 'ARRAY' ? "@$x[grep { $_ % 3 != 0 } 0 .. $#$x]" : $str->($x) =~ /^NOTLOCAL / ? 'NOTLOCAL' : $str->($x) } @$r2),
+    '1 9 1 6 | 1 9 | 1 4 | NOTLOCAL',
+    'two declared keys, then three undeclared: each decision on its own key');
+# A first access that fails on a key the node holds (other data): the decision's own error, as
+# for a declared key.
+$c->cmd($home, 'SET', $wrong_s, 'x');
+$c->cmd($home, 'ZADD', $wrong_z, 1, 'x');
+my @wt = $batch->([[$wrong_z], ['c', 10, 60000, 1, 0]], [[$wrong_s], \@l_zone],
+    [[$wrong_s], ['n', 10, 60000, 1, 'm']], [[$wrong_s], ['Gl17', 10, 60000, 1, $token]]);
+like($str->($wt[$_]), qr/^WRONGTYPE /, "a local undeclared key of the wrong type ($_): WRONGTYPE, not NOTLOCAL")
+    for 0 .. 3;
 
 check_no_alerts(error_log_text(), 'per-node batches');
 ok(stop_nginx(), 'nginx quits gracefully');
