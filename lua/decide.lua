@@ -504,6 +504,16 @@ if undeclared then
   a = undeclared + 2
 end
 local nkeys = #keys
+-- A node's batch: the NOTLOCAL reply for the first of keys[from .. to] this node does not serve
+-- now (EXISTS fails for it), nil when it serves them all (header).
+local function not_local(from, to)
+  for j = from, to do
+    local e = pcall_redis('EXISTS', keys[j])
+    if type(e) == 'table' then
+      return redis.error_reply('NOTLOCAL ' .. e.err)
+    end
+  end
+end
 -- clock=redis: TIME once per call; `seq` numbers the log members taken in this call so that the
 -- decisions sharing that microsecond still get distinct members.
 local time_us, seq, time_now_s = nil, 0, nil
@@ -732,13 +742,7 @@ repeat
       elseif alg ~= 'l' and alg ~= 'r' and alg ~= 'Gl' and k + nzones > declared and not probed then
         -- Undeclared keys that no read probes in time (header): a reset's (D) or a check's (V),
         -- and those of the zones after a concurrency zone (n, Gn, Rn), whose first access prunes.
-        for j = (alg == 'D' or alg == 'V') and i or i + 1, nzones do
-          local e = pcall_redis('EXISTS', keys[k + j])
-          if type(e) == 'table' then
-            result = redis.error_reply('NOTLOCAL ' .. e.err)
-            break
-          end
-        end
+        result = not_local(k + ((alg == 'D' or alg == 'V') and i or i + 1), k + nzones)
         if result then
           break
         end
@@ -762,13 +766,7 @@ repeat
         if oldest and oldest <= now - w then
           if k + nzones > declared and not probed then
             -- Pruning is the decision's first write: its later undeclared keys go first.
-            for j = i + 1, nzones do
-              local x = pcall_redis('EXISTS', keys[k + j])
-              if type(x) == 'table' then
-                result = redis.error_reply('NOTLOCAL ' .. x.err)
-                break
-              end
-            end
+            result = not_local(k + i + 1, k + nzones)
             if result then
               break
             end
@@ -929,10 +927,7 @@ repeat
     if result then
       if failed and failed > declared then
         -- An undeclared key's first access failed: NOTLOCAL if EXISTS fails as well (header).
-        local e = pcall_redis('EXISTS', keys[failed])
-        if type(e) == 'table' then
-          result = redis.error_reply('NOTLOCAL ' .. e.err)
-        end
+        result = not_local(failed, failed) or result
       end
       break
     end
