@@ -168,22 +168,9 @@ fn a_view_of_bad_bytes_reads_as_nothing() {
     assert_eq!(View::of(deep.as_bytes()).items().unwrap().next(), None);
     assert_eq!(View::of(deep.as_bytes()).to_reply(), Err(ProtocolError::TooDeep));
 
-    let mut s: u64 = 0x51ed270b27a1f1d3;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
     let base: &[u8] = b"*3\r\n*4\r\n:1\r\n:1\r\n:9\r\n:100\r\n-ERR x\r\n*2\r\n$-1\r\n*-1\r\n";
-    for _ in 0..20000 {
-        let mut buf = base.to_vec();
-        for _ in 0..(next() % 4) {
-            let i = (next() as usize) % buf.len();
-            buf[i] = next() as u8;
-        }
-        let cut = (next() as usize) % (buf.len() + 1);
-        let view = View::of(&buf[..cut]);
+    for buf in corrupted(base, 0x51ed270b27a1f1d3) {
+        let view = View::of(&buf);
         let _ = (view.head(), view.error(), view.to_reply());
         for item in view.items().into_iter().flatten() {
             let _ = (item.head(), item.items().map(|mut i| while i.next_head().is_some() {}));
@@ -288,26 +275,32 @@ fn rejects_garbage() {
     assert_eq!(decode(&long), Err(ProtocolError::TooLarge));
 }
 
-#[test]
-fn random_corruption_never_panics() {
-    // A small deterministic xorshift keeps this test free of a rand dependency.
-    let mut s: u64 = 0x9e3779b97f4a7c15;
+/// 20,000 copies of `base`, each with up to three bytes changed at random and cut at a random
+/// length. A small deterministic xorshift keeps these tests free of a rand dependency.
+fn corrupted(base: &[u8], mut s: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
     let mut next = move || {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
         s
     };
-    let base: &[u8] = b"*3\r\n:1\r\n$4\r\nabcd\r\n*2\r\n:-7\r\n+OK\r\n";
-    for _ in 0..20000 {
+    (0..20000).map(move |_| {
         let mut buf = base.to_vec();
         for _ in 0..(next() % 4) {
             let i = (next() as usize) % buf.len();
             buf[i] = next() as u8;
         }
-        let cut = (next() as usize) % (buf.len() + 1);
-        if let Ok(Some((_, n))) = decode(&buf[..cut]) {
-            assert!(n <= cut);
+        buf.truncate((next() as usize) % (buf.len() + 1));
+        buf
+    })
+}
+
+#[test]
+fn random_corruption_never_panics() {
+    let base: &[u8] = b"*3\r\n:1\r\n$4\r\nabcd\r\n*2\r\n:-7\r\n+OK\r\n";
+    for buf in corrupted(base, 0x9e3779b97f4a7c15) {
+        if let Ok(Some((_, n))) = decode(&buf) {
+            assert!(n <= buf.len());
         }
     }
 }
