@@ -111,7 +111,8 @@ impl Args {
 ///
 /// `mixed`: a Cluster node's batch whose decisions are of several slots. Only the first
 /// decision's keys are declared (a call may declare keys of one slot); the others go first in
-/// ARGV, after `k<count>`, and the script probes each before its decision uses it.
+/// ARGV, after `k<count>`, and the script learns whether the node serves each from its first
+/// access, before its decision writes anything.
 pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&Args], mixed: bool) {
     let zones: usize = batch.iter().map(|a| a.zones).sum();
     let argv: usize = batch.iter().map(|a| a.argv_count()).sum();
