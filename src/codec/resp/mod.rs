@@ -125,9 +125,13 @@ impl Framer {
             if self.open.len() > MAX_DEPTH {
                 return Err(ProtocolError::TooDeep);
             }
-            // An integer, most lines of a script's reply, read without the general reading.
+            // An integer or an array's length, the lines of a script's reply, read without the
+            // general reading (which would read the line's number a second time).
             let (head, end) = match number_line(view, self.at) {
                 Some((b':', v, next)) => (Head::Int(v), next),
+                Some((b'*', n, next)) if array_len(n).is_some() => {
+                    (Head::Array(array_len(n)), next)
+                }
                 _ => match head(view, self.at)? {
                     Some(line) => line,
                     None => return more(),
@@ -250,6 +254,13 @@ fn head(buf: &[u8], pos: usize) -> Result<Option<(Head<'_>, usize)>, ProtocolErr
     Ok(Some((head, next)))
 }
 
+/// An array line's length `n` when [`head`] reads it as a non-nil array without an error, for
+/// the readers that take such lines from [`number_line`] directly.
+#[inline(always)]
+fn array_len(n: i64) -> Option<usize> {
+    usize::try_from(n).ok().filter(|&n| n <= MAX_ARRAY_LEN)
+}
+
 /// The line at `pos` when it is a well-formed number (`:`, `$`, `*`, then at most nineteen
 /// digits, CRLF): its kind, value and the offset after it, read in one pass. Every line of a
 /// script's reply is one, and each is read a few times (framed, split from its batch, read);
@@ -337,8 +348,9 @@ impl<'a> View<'a> {
 
     /// A non-nil array's items, in order.
     pub fn items(self) -> Option<Items<'a>> {
-        match head(self.0, 0) {
-            Ok(Some((Head::Array(Some(left)), at))) => Some(Items { buf: self.0, at, left }),
+        // The array's line alone: a script's reply is one, and the general reading costs a call.
+        match number_line(self.0, 0) {
+            Some((b'*', n, at)) => Some(Items { buf: self.0, at, left: array_len(n)? }),
             _ => None,
         }
     }
