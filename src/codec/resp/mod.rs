@@ -470,9 +470,7 @@ fn parse_int(digits: &[u8]) -> Result<i64, ProtocolError> {
 
 /// Appends a RESP array header (`*n\r\n`).
 pub fn put_array_len(out: &mut Vec<u8>, n: usize) {
-    out.push(b'*');
-    put_usize(out, n);
-    out.extend_from_slice(b"\r\n");
+    put_len_line(out, b'*', n);
 }
 
 /// Appends one bulk-string argument. Arguments are always length-prefixed, so no byte in a key
@@ -485,37 +483,38 @@ pub fn put_bulk(out: &mut Vec<u8>, arg: &[u8]) {
 pub fn put_bulk_parts(out: &mut Vec<u8>, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     out.reserve(len + 24);
-    out.push(b'$');
-    put_usize(out, len);
-    out.extend_from_slice(b"\r\n");
-    for p in parts {
+    // Empty pieces (a key's absent prefix) skipped: each append of a piece whose length the
+    // compiler does not know is a `memcpy` call.
+    put_len_line(out, b'$', len);
+    for p in parts.iter().filter(|p| !p.is_empty()) {
         out.extend_from_slice(p);
     }
     out.extend_from_slice(b"\r\n");
 }
 
 /// Appends an integer as a bulk-string argument, without a heap allocation. The whole
-/// argument is assembled on the stack and appended at once: a decision's arguments are mostly
-/// integers, and going through [`put_bulk_parts`] wrote each in five appends and formatted its
-/// length as a second number.
+/// argument is assembled on the stack, from its end (its digits first, then their count before
+/// them), and appended at once: a decision's arguments are mostly integers, and going through
+/// [`put_bulk_parts`] wrote each in five appends and formatted its length as a second number.
 pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
-    let mut digits = [0u8; 20];
-    let s = fmt_u64(v, &mut digits);
     // `$`, at most two digits of length (20), CRLF, the digits, CRLF.
     let mut arg = [0u8; 27];
-    arg[0] = b'$';
-    let mut at = 1;
-    if s.len() >= 10 {
-        arg[at] = b'0' + (s.len() / 10) as u8;
-        at += 1;
+    arg[25..].copy_from_slice(b"\r\n");
+    let start = digits_before(v, &mut arg, 25);
+    let len = 25 - start;
+    let mut at = start - 2;
+    arg[at..start].copy_from_slice(b"\r\n");
+    if len >= 10 {
+        at -= 2;
+        arg[at] = b'0' + (len / 10) as u8;
+        arg[at + 1] = b'0' + (len % 10) as u8;
+    } else {
+        at -= 1;
+        arg[at] = b'0' + len as u8;
     }
-    arg[at] = b'0' + (s.len() % 10) as u8;
-    arg[at + 1..at + 3].copy_from_slice(b"\r\n");
-    at += 3;
-    arg[at..at + s.len()].copy_from_slice(s);
-    at += s.len();
-    arg[at..at + 2].copy_from_slice(b"\r\n");
-    out.extend_from_slice(&arg[..at + 2]);
+    at -= 1;
+    arg[at] = b'$';
+    out.extend_from_slice(&arg[at..]);
 }
 
 /// What a sentinel said to `SENTINEL get-master-addr-by-name`.
@@ -576,14 +575,29 @@ pub fn auth_command(user: Option<&str>, password: &str) -> Vec<u8> {
     }
 }
 
-fn put_usize(out: &mut Vec<u8>, v: usize) {
-    let mut digits = [0u8; 20];
-    out.extend_from_slice(fmt_u64(v as u64, &mut digits));
+/// Appends `<kind><n>\r\n`, assembled first and appended at once: written as its three parts,
+/// a bulk string's length line was three `memcpy` calls.
+fn put_len_line(out: &mut Vec<u8>, kind: u8, n: usize) {
+    // The kind, at most 20 digits, CRLF.
+    let mut line = [0u8; 23];
+    line[21..].copy_from_slice(b"\r\n");
+    let at = digits_before(n as u64, &mut line, 21) - 1;
+    line[at] = kind;
+    out.extend_from_slice(&line[at..]);
 }
 
-/// `v` in decimal, at the end of `buf`. Two digits a division: numbers are written on every
-/// request (header values, script arguments), and a division is most of a digit's cost.
-pub fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// `v` in decimal, at the end of `buf`.
+pub fn fmt_u64(v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let at = digits_before(v, buf, 20);
+    &buf[at..]
+}
+
+/// Writes `v` in decimal into `buf` just before `end`, and returns where it starts: a number
+/// written into the place it is sent from, not formatted apart and copied. Two digits a
+/// division: numbers are written on every request (header values, script arguments), and a
+/// division is most of a digit's cost. `end` must leave room for 20 digits (or `v`'s).
+#[inline(always)]
+fn digits_before<const N: usize>(mut v: u64, buf: &mut [u8; N], end: usize) -> usize {
     const PAIRS: [u8; 200] = {
         let mut t = [0; 200];
         let mut n = 0;
@@ -593,7 +607,7 @@ pub fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
         }
         t
     };
-    let mut i = buf.len();
+    let mut i = end;
     while v >= 100 {
         let pair = (v % 100) as usize * 2;
         v /= 100;
@@ -608,7 +622,7 @@ pub fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
         i -= 1;
         buf[i] = b'0' + v as u8;
     }
-    &buf[i..]
+    i
 }
 
 #[cfg(test)]
