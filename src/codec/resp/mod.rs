@@ -476,7 +476,11 @@ pub fn put_array_len(out: &mut Vec<u8>, n: usize) {
 /// Appends one bulk-string argument. Arguments are always length-prefixed, so no byte in a key
 /// (CR, LF, NUL, spaces) can change the command's framing.
 pub fn put_bulk(out: &mut Vec<u8>, arg: &[u8]) {
-    put_bulk_parts(out, &[arg]);
+    // Not `put_bulk_parts` of one piece: its pieces' sum and loop cost a script call's short
+    // arguments (`EVALSHA`, the hash, an algorithm's letter) a fifth of their writing.
+    put_len_line(out, b'$', arg.len());
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Appends one bulk-string argument made of several pieces, without joining them first.
