@@ -67,6 +67,21 @@ fn integers_of_every_length_match_the_redis_crate() {
     }
 }
 
+/// Pieces, empty ones among them, are written as their join; lengths of every size as text.
+#[test]
+fn pieces_and_lengths_are_written_as_one_argument() {
+    let (mut parts, mut joined) = (Vec::new(), Vec::new());
+    put_bulk_parts(&mut parts, &[b"", b"rl:", b"", b"api", b":", b"a\r\n"]);
+    put_bulk(&mut joined, b"rl:api:a\r\n");
+    assert_eq!(parts, joined);
+    assert_eq!(parts, b"$10\r\nrl:api:a\r\n\r\n");
+    for n in [0, 9, 10, 99, 100, 65_536, usize::MAX] {
+        let mut out = Vec::new();
+        put_array_len(&mut out, n);
+        assert_eq!(out, format!("*{n}\r\n").as_bytes());
+    }
+}
+
 #[test]
 fn decodes_every_type() {
     let cases: Vec<(&[u8], Reply)> = vec![
