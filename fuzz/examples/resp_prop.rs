@@ -8,7 +8,7 @@
 #[path = "../src/check.rs"]
 mod check;
 #[path = "../../src/codec/resp/mod.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod resp;
 
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../src/check.rs"]
 mod check;
 #[path = "../../src/codec/resp/mod.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod resp;
 
 fuzz_target!(|input: &[u8]| {
