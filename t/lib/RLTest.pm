@@ -389,6 +389,14 @@ sub run_block {
             qw(main_config http_config config),
     );
     chomp $conf{$_} for grep { defined $conf{$_} } qw(workers log_level);
+    # Under valgrind a new worker's first decision (its connection, the script's load, the
+    # call) can outlast the default 200 ms timeout and pass by ratelimit_fail: a block that
+    # names no timeout gets SLOW times the default there, and only there.
+    if (RLTest::Nginx::valgrind() && defined $conf{http_config}) {
+        my $ms = 200 * $RLTest::Nginx::SLOW;
+        $conf{http_config} =~ s{(\bratelimit_redis\b[^;]*?)\s*;}
+            {$1 =~ /\btimeout=/ ? "$1;" : "$1 timeout=${ms}ms;"}ge;
+    }
     my $n = nginx();
     write_user_files($n, section($block, 'user_files'));
 
