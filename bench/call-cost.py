@@ -83,6 +83,10 @@ def library(script, hoist):
         # Globals of the same names as the upvalues: read through _G.
         init = init.replace("local ARGV, type = ARGV, type", "local type = _G.type")
         init = init.replace("math.min, tonumber, string.format", "math.min, _G.tonumber, string.format")
+        # Declarations without a value (helpers built per call, in the loop) stay in the body.
+        decls = re.findall(r"^local [\w, ]+\n", init, re.M)
+        init = re.sub(r"^local [\w, ]+\n", "", init, flags=re.M)
+        head = "".join(decls).encode() + head
         names = []
         for m in re.finditer(r"^local function (\w+)", init, re.M):
             names.append(m.group(1))
@@ -119,7 +123,11 @@ def main():
         "return": (b"return 0", None),
         "reply": (REPLY.encode(), None),
         "time": (b"redis.call('TIME')\n" + REPLY.encode(), None),
-        "header": (head + b"\nread_time()\n" + REPLY.encode(), None),
+        # The TIME read as the script's loop makes it (before eef80c1, a read_time() of the
+        # header's, with the ms formatted: use that script's header then).
+        "header": (head + (b"\nread_time()\n" if b"local function read_time" in head else
+                           b"\nlocal t = call('TIME')\nlocal us = t[1] * 1000000 + t[2]\n")
+                   + REPLY.encode(), None),
         "script": (script, None),
     }
     order = a.stands.split(",")
