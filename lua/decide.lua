@@ -4,7 +4,8 @@
 -- each had been its own call (with clock=redis they share one TIME).
 --
 -- The whole script is one flat function body: Redis runs the body on every call, so it holds no
--- per-algorithm tables or closures to rebuild, only one scratch table and a few helpers. What
+-- per-algorithm tables or closures to rebuild, only one scratch table and two helpers (the
+-- rarer fields' helpers are built only for a call that has such a field). What
 -- Redis spends per decision is counted in instructions by bench/script-cost.py: a table built
 -- per call, a call of a C function (math.max, tonumber, string.format) or a global read is
 -- dear against the commands themselves, so the decision's path avoids them.
