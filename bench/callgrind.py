@@ -29,10 +29,16 @@ def cluster_ok(c, seconds=10):
         time.sleep(0.1)
 
 
-def instructions_per_call(script, command, calls, keys, cluster=False, check=None):
+def instructions_per_call(script, command, calls, keys, cluster=False, check=None, load=None,
+                          keep=None, server=None):
     """Instructions per call of `command(sha)` (an argument list for redis-benchmark), the
     script loaded first. `check(client, sha)`, if given, runs after the count (e.g. that the
-    calls were admitted). Any failed EVALSHA call ends the run: the figure would lie."""
+    calls were admitted). Any failed EVALSHA (or FCALL) call ends the run: the figure would lie.
+    `load(client, script)`, if given, loads the script instead of SCRIPT LOAD and returns what
+    `command` is given (e.g. FUNCTION LOAD, for FCALL). `keep`: a path the callgrind output is
+    copied to, for callgrind_annotate. `server`: the redis-server binary (default: $REDIS_SERVER,
+    else redis-server on the PATH)."""
+    server = server or os.environ.get("REDIS_SERVER", "redis-server")
     d = tempfile.mkdtemp(prefix="rl-bench-cg.")
     out = os.path.join(d, "callgrind.out")
     # A unix socket: no other process can take it or reach this server by mistake.
@@ -46,7 +52,7 @@ def instructions_per_call(script, command, calls, keys, cluster=False, check=Non
         listen = ["--port", "0", "--unixsocket", port]
         target = ["-s", port]
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
-                             "redis-server", "--save", "", "--appendonly", "no", "--dir", d]
+                             server, "--save", "", "--appendonly", "no", "--dir", d]
                             + listen,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -66,7 +72,7 @@ def instructions_per_call(script, command, calls, keys, cluster=False, check=Non
         if cluster:
             c.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
             cluster_ok(c, 60)
-        sha = c.cmd("SCRIPT", "LOAD", script)
+        sha = load(c, script) if load else c.cmd("SCRIPT", "LOAD", script)
         cmd = command(sha)
         # Whole pipelines: a last pipeline that overshoots -n leaves redis-benchmark's finished
         # count past -n, which its once-a-250-ms check can take for lost clients ("All clients
@@ -88,10 +94,12 @@ def instructions_per_call(script, command, calls, keys, cluster=False, check=Non
         bench(calls)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        st = dict(f.split("=", 1) for f in c.info("commandstats")["cmdstat_evalsha"].split(","))
-        if st.get("failed_calls", "0") != "0":
-            raise SystemExit("%s under callgrind: %s EVALSHA calls failed" % (
-                cmd[3:8], st["failed_calls"]))
+        stats = c.info("commandstats")
+        for name in ("evalsha", "fcall"):
+            st = dict(f.split("=", 1) for f in stats.get("cmdstat_" + name, "").split(",") if f)
+            if st.get("failed_calls", "0") != "0" or st.get("rejected_calls", "0") != "0":
+                raise SystemExit("%s under callgrind: %s %s calls failed" % (
+                    cmd[3:8], st.get("failed_calls", "?"), name.upper()))
         if check:
             check(c, sha)
         total = None
@@ -101,6 +109,8 @@ def instructions_per_call(script, command, calls, keys, cluster=False, check=Non
                     total = int(line.split()[1])
         if total is None:
             raise SystemExit("no totals in %s.1" % out)
+        if keep:
+            shutil.copyfile(out + ".1", keep)
         return total / calls
     finally:
         proc.terminate()
