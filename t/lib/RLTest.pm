@@ -395,7 +395,7 @@ sub run_block {
     if (RLTest::Nginx::valgrind() && defined $conf{http_config}) {
         my $ms = 200 * $RLTest::Nginx::SLOW;
         $conf{http_config} =~ s{(\bratelimit_redis\b[^;]*?)\s*;}
-            {$1 =~ /\btimeout=/ ? "$1;" : "$1 timeout=${ms}ms;"}ge;
+            {my $line = $1; $line =~ /\btimeout=/ ? "$line;" : "$line timeout=${ms}ms;"}ge;
     }
     my $n = nginx();
     write_user_files($n, section($block, 'user_files'));
