@@ -1,6 +1,7 @@
-//! A connection's reading side: replies decoded as they arrive and matched in order to what was
-//! written: set-up answers judged by the node, a call's replies handed to its decisions, those
-//! to send again requeued, and the connection kept idle, closed or replaced after.
+//! A connection's reading side: replies framed as they arrive and matched in order to what was
+//! written: set-up answers judged by the node, a call's replies handed to its decisions as their
+//! bytes, those to send again requeued, a tracking connection's decoded for its tracker, and the
+//! connection kept idle, closed or replaced after.
 
 use core::ptr::{self, NonNull};
 
@@ -32,7 +33,7 @@ impl Conn {
         let c = conn.c();
         let pool = &mut *conn.pool;
         let mut replace = false;
-        // Read in rounds of at most one reply's worth, decoding between them: the socket is
+        // Read in rounds of at most one reply's worth, framing between them: the socket is
         // edge-triggered, so it is read until EAGAIN, but never buffered without bound.
         let eof = loop {
             let mut drained = false;
