@@ -551,7 +551,6 @@ unsafe fn orphan_slots(ctx: &Ctx, range: core::ops::Range<usize>) {
     giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 
-/// Turns the parts' answers into the request's status.
 /// Takes the request out of the worker's count of waiting requests, if it is in it.
 fn leave_waiting_count(ctx: &mut Ctx, mcf: &MainConf) {
     if core::mem::take(&mut ctx.in_waiting_count) {
@@ -559,6 +558,7 @@ fn leave_waiting_count(ctx: &mut Ctx, mcf: &MainConf) {
     }
 }
 
+/// Turns the parts' answers into the request's status.
 unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
     if !ctx.more.is_empty() {
         return decide_several(ctx, lcf, mcf);
