@@ -56,10 +56,17 @@ pub const RETRY_MS: u64 = 60_000;
 
 /// Whether Redis would answer a settlement with this error however often it were sent: the key
 /// holds other data (`WRONGTYPE`, the script's own `ERR ratelimit:`), the ACL refuses it
-/// (`NOPERM`), the script failed. Such a settlement is given up at once, not tried for
+/// (`NOPERM`), the script failed (Redis 7's `ERR user_script`, Redis 6's `ERR Error running
+/// script`). Such a settlement is given up at once, not tried for
 /// [`RETRY_MS`]; a server that cannot answer for now (`LOADING`, `BUSY`, a failover) is tried again.
 pub fn refused(error: &[u8]) -> bool {
-    const PREFIXES: [&[u8]; 4] = [b"WRONGTYPE", b"NOPERM", b"ERR ratelimit:", b"ERR user_script"];
+    const PREFIXES: [&[u8]; 5] = [
+        b"WRONGTYPE",
+        b"NOPERM",
+        b"ERR ratelimit:",
+        b"ERR user_script",
+        b"ERR Error running script",
+    ];
     PREFIXES.iter().any(|p| error.starts_with(p))
 }
 
@@ -133,13 +140,17 @@ mod tests {
 
     #[test]
     fn refusals_are_given_up_outages_tried_again() {
-        let cases: [(&[u8], bool); 14] = [
+        let cases: [(&[u8], bool); 15] = [
             (b"WRONGTYPE ratelimit: rl:tok:a holds other data", true),
             (b"WRONGTYPE Operation against a key holding the wrong kind of value script: x", true),
             (b"NOPERM this user has no permissions to access one of the keys", true),
             (b"ERR ratelimit: malformed batch at decision 1", true),
             (
                 b"ERR user_script:12: Script attempted to access nonexistent global variable 'x'",
+                true,
+            ),
+            (
+                b"ERR Error running script (call to f_0123): @user_script:12: Script attempted to access nonexistent global variable 'x'",
                 true,
             ),
             (b"LOADING Redis is loading the dataset in memory", false),
