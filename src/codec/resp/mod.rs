@@ -366,7 +366,7 @@ impl<'a> View<'a> {
 }
 
 /// An array's items, each a [`View`]; ends early at bytes that are not a reply.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Items<'a> {
     buf: &'a [u8],
     at: usize,
