@@ -58,7 +58,9 @@ pub const MAX_REPLY_LEN: usize = 2 * MAX_BULK_LEN;
 /// 16,384 slots alternate between nodes, each with several replicas, answers several MiB.
 pub const MAX_TOPOLOGY_REPLY_LEN: usize = 16 << 20;
 
-/// Decodes one reply from the start of `buf`.
+/// Decodes one reply from the start of `buf` into a tree: the reference the worker's readers
+/// ([`Framer`], [`View`]) are checked against in the tests and the fuzz target, which read the
+/// same bytes in place.
 ///
 /// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
 /// one complete reply.
@@ -216,7 +218,9 @@ fn head(buf: &[u8], pos: usize) -> Result<Option<(Head<'_>, usize)>, ProtocolErr
             match kind {
                 b'+' => return Ok(Some((Head::Status(body), next))),
                 b'-' => return Ok(Some((Head::Error(body), next))),
-                b':' | b'$' | b'*' => (*kind, parse_int(body)?, next),
+                // A whole number line that `number_line` did not read: no digits, a twentieth, a
+                // byte that is none, or beyond an i64.
+                b':' | b'$' | b'*' => return Err(ProtocolError::BadInteger),
                 other => return Err(ProtocolError::BadType(*other)),
             }
         }
@@ -265,7 +269,7 @@ fn array_len(n: i64) -> Option<usize> {
 /// digits, CRLF): its kind, value and the offset after it, read in one pass. Every line of a
 /// script's reply is one, and each is read a few times (framed, split from its batch, read);
 /// finding the line's end first and parsing its digits after was most of their cost. `None`
-/// for anything else, which [`read_line`] and [`parse_int`] then read and word the error of.
+/// for anything else, which [`read_line`] then reads and words the error of.
 /// Inlined: returned through memory from a call, its three values cost as much again.
 #[inline(always)]
 fn number_line(buf: &[u8], pos: usize) -> Option<(u8, i64, usize)> {
@@ -427,11 +431,6 @@ impl<'a> Iterator for Items<'a> {
     }
 }
 
-/// An error reply of `text` (one line), as Redis would send it.
-pub fn error_reply(text: &[u8]) -> Vec<u8> {
-    [b"-", text, b"\r\n"].concat()
-}
-
 /// Returns the line starting at `pos` without its CRLF, and the offset after the CRLF.
 fn read_line(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, ProtocolError> {
     let rest = &buf[pos.min(buf.len())..];
@@ -443,29 +442,6 @@ fn read_line(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, ProtocolE
         None if rest.len() > MAX_LINE_LEN + 1 => Err(ProtocolError::TooLarge),
         None => Ok(None),
     }
-}
-
-fn parse_int(digits: &[u8]) -> Result<i64, ProtocolError> {
-    let (neg, digits) = match digits.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, digits),
-    };
-    if digits.is_empty() || digits.len() > 19 {
-        return Err(ProtocolError::BadInteger);
-    }
-    // Nineteen digits at most fit a u64 unchecked, so only the end result is range-checked:
-    // every reply's integers come through here, a checked multiply and add per digit was most
-    // of the cost.
-    let mut v: u64 = 0;
-    for &d in digits {
-        let d = d.wrapping_sub(b'0');
-        if d > 9 {
-            return Err(ProtocolError::BadInteger);
-        }
-        v = v * 10 + u64::from(d);
-    }
-    let v = i64::try_from(v).map_err(|_| ProtocolError::BadInteger)?;
-    Ok(if neg { -v } else { v })
 }
 
 /// What a sentinel said to `SENTINEL get-master-addr-by-name`.
@@ -510,7 +486,8 @@ pub fn bulk_strings(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 mod write;
 pub use write::{
-    auth_command, command, fmt_u64, put_array_len, put_bulk, put_bulk_int, put_bulk_parts,
+    auth_command, command, error_reply, fmt_u64, put_array_len, put_bulk, put_bulk_int,
+    put_bulk_parts,
 };
 
 #[cfg(test)]

@@ -39,18 +39,8 @@ pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
     let mut arg = [0u8; 27];
     arg[25..].copy_from_slice(b"\r\n");
     let start = digits_before(v, &mut arg, 25);
-    let len = 25 - start;
-    let mut at = start - 2;
-    arg[at..start].copy_from_slice(b"\r\n");
-    if len >= 10 {
-        at -= 2;
-        arg[at] = b'0' + (len / 10) as u8;
-        arg[at + 1] = b'0' + (len % 10) as u8;
-    } else {
-        at -= 1;
-        arg[at] = b'0' + len as u8;
-    }
-    at -= 1;
+    let at = digits_before((25 - start) as u64, &mut arg, start - 2) - 1;
+    arg[start - 2..start].copy_from_slice(b"\r\n");
     arg[at] = b'$';
     out.extend_from_slice(&arg[at..]);
 }
@@ -63,6 +53,12 @@ pub fn command(args: &[&[u8]]) -> Vec<u8> {
         put_bulk(&mut out, arg);
     }
     out
+}
+
+/// An error reply of `text` (one line), as Redis would send it: a `MOVED` or `ASK` reply is
+/// handed on rewritten with the node's own host where Redis left it out.
+pub fn error_reply(text: &[u8]) -> Vec<u8> {
+    [b"-", text, b"\r\n"].concat()
 }
 
 /// `AUTH password` or, with an ACL user, `AUTH user password`.
