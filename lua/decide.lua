@@ -5,7 +5,8 @@
 --
 -- The whole script is one flat function body: Redis runs the body on every call, so it holds no
 -- per-algorithm tables or closures to rebuild, only one scratch table and two helpers (the
--- rarer fields' helpers are built only for a call that has such a field). What
+-- rarer fields' helpers are built only for a call that has such a field, a node batch's key
+-- table and `not_local` only for a node batch). What
 -- Redis spends per decision is counted in instructions by bench/script-cost.py: a table built
 -- per call, a call of a C function (math.max, tonumber, string.format) or a global read is
 -- dear against the commands themselves, so the decision's path avoids them.

@@ -5,9 +5,10 @@
 //! slot only, so batches used to be per slot, which with many consumers meant a call per
 //! decision. A node's batch holds decisions of every slot the node serves: the first
 //! decision's keys are declared, the script learns whether the node serves each of the others
-//! from its first access, before its decision writes (`lua/decide.lua`), and one whose key is not on the node after all (resharded, migrating,
-//! a server that refuses undeclared keys of other slots) is answered `NOTLOCAL`, having written
-//! nothing, and is sent again alone with its keys declared, where `MOVED` and `ASK` lead it.
+//! from its first access, before its decision writes (`lua/decide.lua`), and one whose key is
+//! not on the node after all (resharded, migrating, a server that refuses undeclared keys of
+//! other slots) is answered `NOTLOCAL`, having written nothing, and is sent again alone with
+//! its keys declared, where `MOVED` and `ASK` lead it.
 
 /// What the batching rule needs of a queued decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
