@@ -219,7 +219,7 @@ fn head(buf: &[u8], pos: usize) -> Result<Option<(Head<'_>, usize)>, ProtocolErr
                 b'+' => return Ok(Some((Head::Status(body), next))),
                 b'-' => return Ok(Some((Head::Error(body), next))),
                 // A whole number line that `number_line` did not read: no digits, a twentieth, a
-                // byte that is none, or beyond an i64.
+                // byte that is no digit, or beyond an i64.
                 b':' | b'$' | b'*' => return Err(ProtocolError::BadInteger),
                 other => return Err(ProtocolError::BadType(*other)),
             }
