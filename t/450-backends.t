@@ -427,7 +427,10 @@ EOF
         sleep 0.2 * $SLOW;
         my @after = map { $req->($_ % 2 ? 'B' : 'A', $path, $k) } 1 .. 100;
         my $n = grep { /^PASSED/ } @after;
-        ok($n <= 40, "$path: after the reset $n of 100 admitted (limit 40)");
+        ok($n <= 40, "$path: after the reset $n of 100 admitted (limit 40)")
+            # Which gateway admitted what, in order (B first): an old life's unit spent shows
+            # as a PASSED_LEASE before that gateway's first PASSED.
+            or diag(join ' ', map { ($_ % 2 ? 'B' : 'A') . ':' . $after[$_ - 1] } 1 .. 100);
         ok($n >= 20, "$path: at most the two gateways' reservations unspent ($n)");
         $after{$path} = [$before, $n];
     }
