@@ -12,6 +12,7 @@ use RLTest;
 use RLTest::Cluster;
 use IO::Socket::INET;
 use Time::HiRes ();
+use POSIX ();
 
 sub rl { header($_[0], 'X-RL') // '(none)' }
 
@@ -86,6 +87,50 @@ sub why_not {
         'a DEL on its node lets it in again at once');
 }
 ok(stop_nginx(), 'nginx quits gracefully');
+
+# CLUSTERDOWN for moments (a manual failover's, a node rejoining) is asked again, 20, 40, 80
+# and 160 ms later, within the timeout: the decision is made by Redis and the node's breaker
+# stays closed. Longer, it follows ratelimit_fail some 300 ms on, not at the timeout. Here the
+# key's primary gives up the key's slot and takes it back: meanwhile it answers CLUSTERDOWN
+# (for the slot, "Hash slot not served"; then for every key, "The cluster is down"), and no
+# other node changes its view.
+{
+    start_nginx(http_config => "    ratelimit_redis 127.0.0.1:$p[0] cluster=on timeout=${timeout}s;\n$http",
+        config => $config . "    location /o { ratelimit api; ratelimit_fail closed; }\n");
+    my ($k, $k2) = grep { owner($c->keyslot("rl:api:$_")) == $p[0] } map { "down$_" } 1 .. 100;
+    is(rl(http_get("/o?k=ok$k")), 'PASSED', 'clusterdown: the node is known');
+    my $down = sub {
+        my ($k, $ms) = @_;
+        my $slot = $c->keyslot("rl:api:$k");
+        my $r = $c->cmd($p[0], 'CLUSTER', 'DELSLOTS', $slot);
+        die "CLUSTER DELSLOTS $slot: " . $r->message . "\n" if ref $r;
+        my $said = $c->cmd($p[0], 'GET', "rl:api:$k");
+        my $pid = fork // die "fork: $!";
+        if (!$pid) {
+            Time::HiRes::sleep($ms / 1000);
+            $c->cmd($p[0], 'CLUSTER', 'ADDSLOTS', $slot);
+            POSIX::_exit(0);
+        }
+        my $t0 = Time::HiRes::time();
+        my $st = rl(http_get("/o?k=$k"));
+        my $took = Time::HiRes::time() - $t0;
+        waitpid $pid, 0;
+        ok(wait_until(5, sub { ($c->info_field($p[0], 'cluster', 'cluster_state') // '') eq 'ok' },
+            0.01), "clusterdown ${ms} ms: the slot is back");
+        return (ref $said ? $said->message : "$said", $st, $took);
+    };
+    my ($said, $st, $took) = $down->($k, 150);
+    like($said, qr/^CLUSTERDOWN/, "the node answers \"$said\" meanwhile");
+    is($st, 'PASSED', sprintf('CLUSTERDOWN for 150 ms: decided by Redis (%.3f s)', $took));
+    my @st = map { rl(http_get("/o?k=$k")) =~ s/_CACHED$//r } 1 .. 3;
+    is("@st", 'PASSED PASSED REJECTED', '... and counted once');
+    unlike(error_log_text(), qr/ratelimit: redis .* (requests follow ratelimit_fail|failed \d+ times)/,
+        '... no failure logged, the breaker closed');
+    ($said, $st, $took) = $down->($k2, 1500);
+    is($st, 'FAILED_CLOSED', sprintf('CLUSTERDOWN for 1.5 s: ratelimit_fail after %.3f s', $took));
+    like(error_log_text(), qr/ratelimit: .*redis replied "CLUSTERDOWN/, '... which says why');
+    ok(stop_nginx(), 'nginx quits gracefully');
+}
 
 # MOVED :port (no host) means the answering node's host: the slot is patched and followed.
 $c->cmd($_, 'CONFIG', 'SET', 'cluster-preferred-endpoint-type', 'unknown-endpoint') for $c->ports;

@@ -1,5 +1,6 @@
 //! Replies that ask for another round trip rather than answer a decision — `NOSCRIPT`, a
-//! Cluster's `MOVED`, `ASK` and `TRYAGAIN` — and sending the decision again within its deadline;
+//! Cluster's `MOVED`, `ASK`, `TRYAGAIN` and `CLUSTERDOWN` — and sending the decision again
+//! within its deadline;
 //! and queueing a decision on the worker's pool. Shared by requests, `ratelimit_admin` and
 //! give-backs.
 
@@ -14,8 +15,15 @@ use crate::codec::call::Args;
 /// How many `MOVED` and `ASK` one decision follows: more means the cluster changes faster
 /// than this worker's table follows, and the decision's time is better spent failing.
 const MAX_REDIRECTS: u8 = 2;
-/// The wait before the one retry after `TRYAGAIN` (a slot in the middle of a migration).
-pub const TRYAGAIN_DELAY: ngx_msec_t = 20;
+/// The wait before the one retry after `TRYAGAIN` (a slot in the middle of a migration), and
+/// before the first after `CLUSTERDOWN`.
+const TRYAGAIN_DELAY: ngx_msec_t = 20;
+/// How many times one decision asks again after `CLUSTERDOWN`, each pause twice the last
+/// (20, 40, 80, 160 ms): a manual failover or a node rejoining leaves a node answering it for
+/// moments, while a primary lost with `cluster-require-full-coverage yes` leaves every node
+/// answering it for seconds, where 300 ms more per decision before `ratelimit_fail` is the
+/// bound.
+const CLUSTERDOWN_RETRIES: u8 = 4;
 
 /// What a decision has already tried after replies that were not its answer.
 #[derive(Default)]
@@ -23,7 +31,8 @@ pub struct Retries {
     reloaded: bool,
     redirects: u8,
     tried_again: bool,
-    /// Waiting out `TRYAGAIN_DELAY` (the caller's timer).
+    cluster_down: u8,
+    /// Waiting out a pause before asking again (the caller's timer).
     pub waiting: bool,
     /// The `ASK` being followed: a retry after `NOSCRIPT` or `TRYAGAIN` goes there too.
     ask: Option<Redirect>,
@@ -32,8 +41,8 @@ pub struct Retries {
 pub enum Follow {
     /// Queued again: wait for the new reply.
     Resent,
-    /// Send again after `TRYAGAIN_DELAY`, if the deadline allows.
-    Later,
+    /// Send again after this pause, if the deadline allows.
+    Later(ngx_msec_t),
     /// The result stands.
     No,
 }
@@ -44,6 +53,8 @@ enum Detour {
     NoScript,
     Redirect(Redirect),
     TryAgain,
+    /// The node's cluster state is `fail` for now.
+    ClusterDown,
 }
 
 /// Whether a decision's result is a reply asking for another round trip.
@@ -57,6 +68,8 @@ fn detour(result: &Option<Result<Frame, RedisError>>) -> Option<Detour> {
         Some(Detour::NoScript)
     } else if e.starts_with(b"TRYAGAIN") {
         Some(Detour::TryAgain)
+    } else if e.starts_with(b"CLUSTERDOWN") {
+        Some(Detour::ClusterDown)
     } else {
         parse_redirect(e).map(Detour::Redirect)
     }
@@ -65,7 +78,7 @@ fn detour(result: &Option<Result<Frame, RedisError>>) -> Option<Detour> {
 /// Sends a decision again when its reply asks for it, within the same deadline: after
 /// `NOSCRIPT` once, in a call preceded by `SCRIPT LOAD` (one for all the decisions that ask
 /// again together); after `MOVED` or `ASK` up to `MAX_REDIRECTS` times; after `TRYAGAIN`
-/// once, a little later.
+/// once, a little later; after `CLUSTERDOWN` up to `CLUSTERDOWN_RETRIES` times, later each time.
 ///
 /// # Safety
 /// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled
@@ -98,14 +111,22 @@ pub unsafe fn follow<'p>(
         }
         Some(Detour::TryAgain) if !retries.tried_again => {
             retries.tried_again = true;
-            Follow::Later
+            Follow::Later(TRYAGAIN_DELAY)
+        }
+        Some(Detour::ClusterDown) if retries.cluster_down < CLUSTERDOWN_RETRIES => {
+            // Without `cluster=on` it says that the server is a Cluster node: the reply stands.
+            if !pool().as_deref().is_some_and(WorkerPool::cluster) {
+                return Follow::No;
+            }
+            retries.cluster_down += 1;
+            Follow::Later(TRYAGAIN_DELAY << (retries.cluster_down - 1))
         }
         _ => Follow::No,
     }
 }
 
-/// Sends a decision again once `TRYAGAIN`'s pause is over, where the `ASK` being followed
-/// points.
+/// Sends a decision again once the pause `Follow::Later` asked for is over, where the `ASK`
+/// being followed points.
 ///
 /// # Safety
 /// `waiter` and `args` stay where they are, alive, until the waiter completes or is cancelled

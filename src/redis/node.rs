@@ -515,8 +515,8 @@ impl NodePool {
     }
 
     /// A reply: usable ones close the breaker, errors meaning Redis cannot serve count as
-    /// failures. A `late` one (past its deadline, its request long answered) proves nothing
-    /// either way. Returns whether the connection should be replaced (`READONLY`: a replica
+    /// failures (but a Cluster node's `CLUSTERDOWN`, which is asked again). A `late` one (past
+    /// its deadline, its request long answered) proves nothing either way. Returns whether the connection should be replaced (`READONLY`: a replica
     /// after a failover, whose address may lead to the new primary on a fresh connection).
     pub(super) fn replied(&mut self, reply: View<'_>, late: bool) -> bool {
         if let Some(e) = reply.error() {
@@ -530,6 +530,12 @@ impl NodePool {
                      \"ratelimit_redis\"",
                     self.shown()
                 );
+            }
+            if self.role == Role::Cluster && e.starts_with(b"CLUSTERDOWN") {
+                // The node answers, its cluster mends (a failover's moments): the decision asks
+                // again a little later (`follow`), and the breaker, whose probe this node would
+                // answer at once, is no help.
+                return false;
             }
             if breaker::unusable(e) {
                 let msg = String::from_utf8_lossy(e);

@@ -1,5 +1,5 @@
-//! A pending decision's events: each part's reply or deadline (with `TRYAGAIN`'s pause and the
-//! round trips `NOSCRIPT` and Cluster redirections ask for), the decision once every backend
+//! A pending decision's events: each part's reply or deadline (with the pauses `TRYAGAIN` and
+//! `CLUSTERDOWN` ask for, and the round trips of `NOSCRIPT` and Cluster redirections), the decision once every backend
 //! has answered, and a delayed request's turn; then the phases run again.
 
 use ngx::ffi::ngx_current_msec;
@@ -15,7 +15,7 @@ use crate::decide::status::Status;
 use crate::glue::conf::{LocConf, MainConf};
 use crate::glue::module::RateLimit;
 use crate::redis::conf::RedisConf;
-use crate::redis::follow::{again, asks_again, follow, Follow, TRYAGAIN_DELAY};
+use crate::redis::follow::{again, asks_again, follow, Follow};
 use crate::redis::pool::{RedisError, WorkerPool};
 
 use super::parts::Part;
@@ -44,7 +44,7 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     if (*ev).timedout() != 0 {
         (*ev).set_timedout(0);
         if core::mem::take(&mut part.retries.waiting) {
-            // TRYAGAIN's pause is over.
+            // The pause before asking again is over.
             if let Follow::Resent =
                 again(mcf.pool(b), &mut part.waiter, part.args.call(), &part.retries)
             {
@@ -65,15 +65,15 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     }
     match follow(|| mcf.pool(b), &mut part.waiter, part.args.call(), &mut part.retries) {
         Follow::Resent => return,
-        Follow::Later => {
-            if time_left(ctx, redis) > TRYAGAIN_DELAY as ngx_msec_int_t {
+        Follow::Later(pause) => {
+            if time_left(ctx, redis) > pause as ngx_msec_int_t {
                 part.retries.waiting = true;
                 if part.ev.posted() != 0 {
                     ngx_delete_posted_event(&mut part.ev);
                 }
                 // nginx keeps an armed timer that is within 300 ms of the new one.
                 ngx_del_timer(&mut part.ev);
-                ngx_add_timer(&mut part.ev, TRYAGAIN_DELAY);
+                ngx_add_timer(&mut part.ev, pause);
                 return;
             }
         }
