@@ -76,7 +76,9 @@
 -- A reserve zone that finds its key missing starts a new life: it deletes the ledger, as a reset
 -- ("D") and a balance set on a missing key ("B") do. So after any reset (DEL, FLUSHALL, expiry,
 -- "D") no give-back or check of a reservation of an older life finds its rid: a give-back
--- writes nothing, a check answers 0. A key whose ledger cannot share its slot (a brace and no
+-- writes nothing, a check answers 0. Between a DEL of the key alone and its new life the
+-- ledger is still there, but the key is not: a give-back writes only to an existing key, and a
+-- check answers 1 only for one. A key whose ledger cannot share its slot (a brace and no
 -- hash tag) is granted nothing.
 -- Give-backs write nothing when the reservation is gone (reset, expired, another period):
 --   Gl ZREM token .. token+u-1 (the holder sends m0 + units spent); Gp drops up to u entries of
@@ -89,7 +91,8 @@
 -- A give-back is always ok and is written whatever the other zones of its decision say (as B,
 -- D). Its reply: { 1, 1, remaining, r } (remaining 0 when unknown: g, a missing balance), r 1
 -- when the reservation was of the key's present life (its rid left the ledger), else 0 and
--- nothing was written. A check ("V") answers { 1, 1, r, 0 }, r 1 when rid is in the ledger.
+-- nothing was written. A check ("V") answers { 1, 1, r, 0 }, r 1 when the key exists and rid is
+-- in its ledger.
 -- Delays (issue 33): a zone's algorithm field may end with "~<D>", D the longest this zone lets
 -- the request wait, in ms (decimal, 0 to an hour, 3600000), on l p c g q only, plain or reserve
 -- form ("g~5000", "l~0", "c+50:1000~2000"); "~" on anything else, or D above an hour, is bad
@@ -912,9 +915,11 @@ repeat
       elseif alg == 'B' or alg == 'D' then
         ok = true
       elseif alg == 'V' then
-        -- Anything but the ledger's own sorted set (someone else's data) answers "not there".
+        -- Anything but the ledger's own sorted set (someone else's data) answers "not there",
+        -- and so does a missing key: its units are counted no more, while the ledger outlives a
+        -- DEL of the key until a decision starts its new life.
         local ledger, there = ledger_of(key), false
-        if ledger then
+        if ledger and call('EXISTS', key) == 1 then
           local sc = pcall_redis('ZSCORE', ledger, S[o + RID])
           there = type(sc) == 'string'
         end

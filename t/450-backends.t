@@ -23,7 +23,8 @@
 #   (never over any limit), reservations used in both, and each key counts
 #   exactly what was admitted once nginx has quit (unspent units given back)
 # - a reset on the regional Redis (DEL) while two gateways run, the key
-#   re-created by the second: no over-admission, exact counts afterwards
+#   re-created by the second, the reset heard at the key's next request or
+#   first at another key's: no over-admission, exact counts afterwards
 # (nginx -t errors: t/005-config-errors.t.)
 use lib 't/lib';
 use RLTest;
@@ -412,10 +413,14 @@ EOF
     }
     sleep 1.5;
     my %after;
-    for my $path (qw(rr qr)) {
-        my $k = "reset-$path";
+    # Heard at the key's own next request, or first at another key's: then each gateway checks
+    # its reservation before the key's next decision starts its new life (the DEL left the
+    # ledger; a check must not take it for the key's life).
+    for my $case (qw(rr qr rr-other)) {
+        my ($path, $other) = $case =~ /^(\w+)(-other)?$/;
+        my $k = "reset-$case";
         my @first = map { $req->('A', $path, $k) } 1 .. 2;
-        note("$path: A's first two: @first");
+        note("$case: A's first two: @first");
         my $before = scalar grep { /^PASSED/ } @first;
         # Traffic on both gateways, the key deleted on the regional Redis in the middle of it,
         # then re-created by B's next request.
@@ -425,20 +430,24 @@ EOF
         # heard within a round trip, what a gateway spends before that is the documented
         # window; a worker under valgrind takes ten times as long to read it.
         sleep 0.2 * $SLOW;
+        if ($other) {
+            $req->($_, $path, "$k-elsewhere") for qw(A B);
+            sleep 0.1 * $SLOW;
+        }
         my @gw = map { $_ % 2 ? 'A' : 'B' } 0 .. 99;
         my @after = map { $req->($_, $path, $k) } @gw;
         my $n = grep { /^PASSED/ } @after;
-        ok($n <= 40, "$path: after the reset $n of 100 admitted (limit 40)")
+        ok($n <= 40, "$case: after the reset $n of 100 admitted (limit 40)")
             # Each request's gateway and status, in order, to tell whose unit was over.
             or diag(join ' ', map { "$gw[$_]:$after[$_]" } 0 .. 99);
-        ok($n >= 20, "$path: at most the two gateways' reservations unspent ($n)");
-        $after{$path} = [$before, $n];
+        ok($n >= 20, "$case: at most the two gateways' reservations unspent ($n)");
+        $after{$case} = [$before, $n];
     }
     ok(stop_nginx($_), "gateway $_ quits gracefully, giving back what it holds") for qw(gwA gwB);
-    for my $path (qw(rr qr)) {
-        my ($before, $n) = @{ $after{$path} };
-        is(rcmd('ZCARD', "rl:rr:reset-$path"), $n,
-            "$path: the regional Redis counts exactly the $n admitted since the reset");
+    for my $case (sort keys %after) {
+        my ($before, $n) = @{ $after{$case} };
+        is(rcmd('ZCARD', "rl:rr:reset-$case"), $n,
+            "$case: the regional Redis counts exactly the $n admitted since the reset");
     }
     my ($before, $n) = @{ $after{qr} };
     is(dcmd('ZCARD', 'rl:qq:reset-qr'), $before + $n,
