@@ -166,8 +166,9 @@
 -- the units were used by then, and counting them at any earlier instant would rewrite windows
 -- that later decisions already read; the key rejects until the window, period or TAT has room
 -- again. A reset empties the ledger (a new life deletes it), so a settlement of an older life
--- writes nothing; a charge on a missing key of the present life (expired, no decision since)
--- writes as a decision would, without starting a new life. Reply { 1, 1, remaining, r }:
+-- writes nothing; a charge on a missing key whose ledger still holds rid (expired, or a DEL of
+-- the key alone, and no decision since) writes as a decision would and starts its new life: it
+-- deletes the ledger, so the old life's other placements give nothing back into it. Reply { 1, 1, remaining, r }:
 -- remaining as a decision reads it after the charge (0 floor), r 1 when rid was in the ledger.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
@@ -1235,9 +1236,15 @@ repeat
       if want then
         ledger = ledger_of(key)
         if settle == 'C' then
-          -- Written only for the key's present life; a missing key is not a new one then.
+          -- Written only for the key's present life. A missing key (a DEL of the key alone,
+          -- before any decision) is re-created by the charge: that starts its new life, so no
+          -- other reservation or placement of the old one is checked, given back or charged
+          -- into it.
           if ledger then
             mine = pcall_redis('ZREM', ledger, S[o + RID]) == 1
+            if mine and S[o + FRESH] then
+              call('DEL', ledger)
+            end
           end
           commit = mine
         else

@@ -242,6 +242,28 @@ for my $alg (qw(l p c g q b)) {
 }
 
 ######################################################################
+# A DEL of the key alone leaves its ledger; the old life's charge coming first re-creates the key
+# and starts its new life: another placement of the old life gives nothing back into it.
+for my $alg (qw(l p c g q b)) {
+    my $c = $case{$alg};
+    my $k = "rl:settle:first$alg";
+    my ($limit, $w) = @{ $c->{zone} };
+    my $burst = $c->{zone}[2] // 0;
+    dec(0, [$k, "$alg!", $limit, $w, 5, $burst]);
+    my ($rid, $tok) = ($RID{$k}, $alg eq 'g' ? gtok(250, 20) : $c->{token}->(0));
+    dec(1, [$k, "$alg!", $limit, $w, 1, $burst]);
+    my $charged = $RID{$k};
+    redis_cmd('DEL', $k);
+    like(op(10, $k, "C$alg$charged", $limit, $w, 2, $burst), qr/^1 1 \d+ 1$/,
+        "$alg: after a DEL, the old life's charge writes");
+    is(redis_cmd('EXISTS', ledger($k)), 0, "$alg: ... and starts a new life");
+    my $before = snapshot($k);
+    like(op(20, $k, "G$alg$rid", $limit, $w, 5, $tok), qr/^1 1 \d+ 0$/,
+        "$alg: another placement of the old life: r 0");
+    is(snapshot($k), $before, "$alg: ... writing nothing");
+}
+
+######################################################################
 # "!" with "~": a delayed decision places at T as it does; its ledger entry
 # lasts as a placement's.  Settled by G and by C.
 {
