@@ -15,6 +15,9 @@ fn main() {
     }
     // Regex locations exist only in an nginx built with PCRE (src/glue/auth_target.rs walks them).
     println!("cargo::rustc-check-cfg=cfg(ngx_pcre)");
+    // The RESP reference decoder (`codec::resp::decode`) is built for the tests and for the fuzz
+    // crate, which sets this cfg, never into the module.
+    println!("cargo::rustc-check-cfg=cfg(resp_reference)");
     if features.split(',').any(|f| f == "pcre") {
         println!("cargo::rustc-cfg=ngx_pcre");
     }

@@ -63,12 +63,15 @@ pub const MAX_TOPOLOGY_REPLY_LEN: usize = 16 << 20;
 /// same bytes in place.
 ///
 /// `Ok(None)` means more bytes are needed; `Ok(Some((reply, n)))` means the first `n` bytes were
-/// one complete reply.
+/// one complete reply. Not in the module: the fuzz crate, which compiles this file, sets
+/// `resp_reference`.
+#[cfg(any(test, resp_reference))]
 pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
     decode_within(buf, MAX_REPLY_LEN)
 }
 
 /// [`decode`] for a reply allowed to take up to `limit` bytes.
+#[cfg(any(test, resp_reference))]
 pub fn decode_within(buf: &[u8], limit: usize) -> Result<Option<(Reply, usize)>, ProtocolError> {
     // Only the first limit + 1 bytes are ever looked at, so that how reads split the stream
     // never changes the outcome, and a reply longer than that is too large.
@@ -100,7 +103,7 @@ pub const ENDS_KEPT: usize = 64;
 
 impl Framer {
     /// The bytes of the reply at the start of `buf`, once all of them have arrived: `Ok(None)`
-    /// until then. The outcome is [`decode_within`]'s for the same bytes, wherever reads cut
+    /// until then. The outcome is `decode_within`'s for the same bytes, wherever reads cut
     /// them. Between calls `buf` may only grow at its end; after `Some` or an error the framer
     /// starts again, for the next reply.
     pub fn frame(&mut self, buf: &[u8], limit: usize) -> Result<Option<usize>, ProtocolError> {
@@ -208,7 +211,7 @@ pub enum Head<'a> {
 
 /// The head of the reply at `pos` and the offset after it (after a bulk string's body, before
 /// an array's items), once all of it is there: the one reading of a reply's lines that framing,
-/// [`decode`] and [`View`] share.
+/// `decode` and [`View`] share.
 fn head(buf: &[u8], pos: usize) -> Result<Option<(Head<'_>, usize)>, ProtocolError> {
     let (kind, n, next) = match number_line(buf, pos) {
         Some(line) => line,
