@@ -122,13 +122,15 @@ def main():
         "to the next, as a long-running worker's would.\n"
         % (meta.get("threads"), meta.get("conns"), meta.get("duration"), meta.get("rounds"),
            meta.get("warmup")))
+    # What the runs measured, not what the machine was assumed to be doing.
+    other = [float(r["other_cpu_pct"]) for r in rows]
     o.append(
-        "**Machine load.** wrk, nginx and Redis share the 2 CPUs, nothing pinned; other tests ran "
-        "on the machine at the same time. `uptime` at start: `%s`; at end: `%s`. The *other CPU* "
-        "column below is what processes other than this benchmark took during each run. **Ratios "
-        "within a round are the result**; absolute figures move with the machine. Total run time "
-        "%s s.\n"
-        % (meta.get("uptime_start"), meta.get("uptime_end"), meta.get("elapsed_s")))
+        "**Machine load.** wrk, nginx and Redis share the 2 CPUs, nothing pinned; processes other "
+        "than this benchmark took %s %% of the CPUs during the runs (the *other CPU* column "
+        "below, per run). `uptime` at start: `%s`; at end: `%s`. **Ratios within a round are the "
+        "result**; absolute figures move with the machine. Total run time %s s.\n"
+        % ("%.1f–%.1f" % (min(other), max(other)) if other else "(not measured)",
+           meta.get("uptime_start"), meta.get("uptime_end"), meta.get("elapsed_s")))
     o.append(
         "Per request: per request wrk completed (the vendored nginx has no `stub_status`; at most "
         "the connections' count more were in flight when wrk stopped). nginx CPU: user + system of the "
