@@ -92,6 +92,22 @@ for my $zone (qw(quota counter balance)) {
     }
 }
 
+# Finding 5: a DEL of the key alone leaves its ledger until the key's next decision.  A
+# hears it first at another key's request, so its check of the old reservation reaches Redis
+# before that decision: the check must not find the old rid and take it for the key's life
+# (it did: 102 of 160 admitted, A's old units spent in the new life).
+for my $zone (qw(quota counter balance)) {
+    my $k = 'f5-heard-elsewhere';
+    my @first = map { req('A', $zone, $k) } 1 .. 2;
+    is("@first", 'PASSED PASSED_LEASE', "$zone/heard elsewhere: A holds a reservation");
+    redis_cmd('DEL', "rl:$zone:$k");
+    sleep 0.2;
+    req('A', $zone, "$k-other");
+    sleep 0.1;
+    my $n = admitted(map { req($_ % 2 ? 'A' : 'B', $zone, $k) } 1 .. 160);
+    ok($n <= 100, "$zone/heard elsewhere: after the DEL, $n of 160 admitted (limit 100)");
+}
+
 # Finding 1, where the reset goes unheard: C's reservation (100 ms) is given
 # back at its end, after the key was reset and re-created by B.  Once B's units
 # are back too (lease_time 1 s), Redis counts exactly what was admitted since
