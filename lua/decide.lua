@@ -168,8 +168,9 @@
 -- again. A reset empties the ledger (a new life deletes it), so a settlement of an older life
 -- writes nothing; a charge on a missing key whose ledger still holds rid (expired, or a DEL of
 -- the key alone, and no decision since) writes as a decision would and starts its new life: it
--- deletes the ledger, so the old life's other placements give nothing back into it. Reply { 1, 1, remaining, r }:
--- remaining as a decision reads it after the charge (0 floor), r 1 when rid was in the ledger.
+-- deletes the ledger, so the old life's other placements give nothing back into it.
+-- Reply { 1, 1, remaining, r }: remaining as a decision reads it after the charge (0 floor), r 1
+-- when rid was in the ledger.
 -- Concurrency (issue 23): "n" holds a key's slots, one sorted-set member per request in flight,
 -- scored by the instant its slot lapses. window = the slot's life in ms (lease_time), cost 1
 -- takes a slot (0 only reads), burst = the member: the request's own id, never empty. Members

@@ -516,8 +516,9 @@ impl NodePool {
 
     /// A reply: usable ones close the breaker, errors meaning Redis cannot serve count as
     /// failures (but a Cluster node's `CLUSTERDOWN`, which is asked again). A `late` one (past
-    /// its deadline, its request long answered) proves nothing either way. Returns whether the connection should be replaced (`READONLY`: a replica
-    /// after a failover, whose address may lead to the new primary on a fresh connection).
+    /// its deadline, its request long answered) proves nothing either way. Returns whether the
+    /// connection should be replaced (`READONLY`: a replica after a failover, whose address may
+    /// lead to the new primary on a fresh connection).
     pub(super) fn replied(&mut self, reply: View<'_>, late: bool) -> bool {
         if let Some(e) = reply.error() {
             self.metrics.error_reply(e);

@@ -1,6 +1,7 @@
 //! A pending decision's events: each part's reply or deadline (with the pauses `TRYAGAIN` and
-//! `CLUSTERDOWN` ask for, and the round trips of `NOSCRIPT` and Cluster redirections), the decision once every backend
-//! has answered, and a delayed request's turn; then the phases run again.
+//! `CLUSTERDOWN` ask for, and the round trips of `NOSCRIPT` and Cluster redirections), the
+//! decision once every backend has answered, and a delayed request's turn; then the phases run
+//! again.
 
 use ngx::ffi::ngx_current_msec;
 use ngx::ffi::{
