@@ -36,8 +36,8 @@
 # Environment (defaults):
 #   VARIANTS="plain cluster tls"  WORKER_COUNTS="1" (e.g. "1 2")
 #   DURATION=10 ROUNDS=5 WARMUP=2 (seconds, rounds)  THREADS=2 CONNS=64 (wrk)  IDS=10000
-#   NGINX=/usr/sbin/nginx MODULE=build/system/ngx_http_ratelimit_module.so (`make build-system`);
-#   or NGINX=build/nginx MODULE=build/ngx_http_ratelimit_module.so (`make build`)
+#   NGINX=/usr/sbin/nginx MODULE=build/system/ngx_http_ratelimit_module.so (`make build-system`),
+#   absolute paths; an nginx with stub_status (the vendored build/nginx has none)
 #   KEEP_TMP=1 keeps the temporary directory (configurations, logs, certificates)
 # The default run takes about 4 minutes (15 runs of ~13 s, plus start-up); each worker count
 # added to WORKER_COUNTS adds as much again.
