@@ -61,6 +61,8 @@ my $zones = <<'EOF';
     ratelimit_zone dq  key=$arg_k limit=2 window=1m;
     ratelimit_zone dr  key=$arg_k limit=2 window=1m redis=regional;
     ratelimit_zone dq2 key=$arg_k limit=100 window=1m;
+    ratelimit_zone sq  key=$arg_a limit=100 window=1m;
+    ratelimit_zone sr  key=$arg_b limit=100 window=1m redis=regional;
 EOF
 my $config = <<'EOF';
     add_header X-RL $ratelimit_status always;
@@ -73,10 +75,11 @@ my $config = <<'EOF';
     location = /dq     { ratelimit dq; }
     location = /dr     { ratelimit dr; }
     location = /dboth  { ratelimit dq2; ratelimit dr; }
+    location = /split  { ratelimit sq; ratelimit sr; }
     location = /metrics { ratelimit_metrics; }
     location = /admin/r { ratelimit_admin r; }
 EOF
-nginx()->write_html({ map { $_ => "ok\n" } qw(both q r qrs closed local dq dr dboth rq sq lq lr lboth Lq Lr Lboth rr qr) });
+nginx()->write_html({ map { $_ => "ok\n" } qw(both q r qrs closed local dq dr dboth split rq sq lq lr lboth Lq Lr Lboth rr qr) });
 start_nginx(http_config => $backends . $zones, config => $config);
 
 # --- Each zone's keys on its own backend; a location admitted only if both admit.
@@ -98,6 +101,17 @@ start_nginx(http_config => $backends . $zones, config => $config);
     is(dcmd('ZCARD', 'rl:q:b'), 2, "q on the default Redis counts only the 2 admitted: the rejected ones' units given back");
     is(rcmd('ZCARD', 'rl:rs:b'), 2, 'rs on the regional Redis counts 2');
     is(keys_of(dcmd('KEYS', 'rl:rs:*')), '', 'no key of rs on the default Redis');
+}
+
+# --- A request whose keys are all on one backend (the other zone's key empty) asks that one
+# alone, and places nothing there to give back: no other backend can refuse it.
+{
+    is(rl(http_get('/split?b=one')), 'PASSED', 'sr alone (sq\'s key empty): admitted');
+    is(rcmd('ZCARD', 'rl:sr:one'), 1, '... counted on the regional Redis');
+    is(rcmd('EXISTS', 'rl:sr:one|lease{rl:sr:one}'), 0, '... with no place recorded to undo (no ledger)');
+    is(keys_of(dcmd('KEYS', 'rl:sq:*')), '', '... and nothing asked of the default Redis');
+    is(rl(http_get('/split?a=two&b=two')), 'PASSED', 'sq and sr both: admitted');
+    is(rcmd('EXISTS', 'rl:sr:two|lease{rl:sr:two}'), 1, '... the regional unit placed to be undone if the default Redis refuses');
 }
 
 # --- ratelimit_admin on a zone of the regional backend reads and resets its key there.

@@ -337,10 +337,13 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         ctx.more = more.into_boxed_slice();
     }
     (ctx.part.backend, ctx.part.to) = (first, split.unwrap_or(n));
-    let sent = ask(&ctx.zones, &mut ctx.part, lcf, mcf, now);
+    // A request whose keys are all on one backend (the others' empty) places nothing to undo:
+    // no other backend can refuse it.
+    let several = split.is_some();
+    let sent = ask(&ctx.zones, &mut ctx.part, several, mcf, now);
     for part in ctx.more.iter_mut() {
         attach(&mut part.waiter, &mut part.ev, on_event, r);
-        ask(&ctx.zones, part, lcf, mcf, now);
+        ask(&ctx.zones, part, several, mcf, now);
     }
     if !sent && ctx.more.iter().all(|p| p.done) {
         decide(ctx, lcf, mcf);

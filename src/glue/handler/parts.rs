@@ -68,16 +68,17 @@ impl Part {
 }
 
 /// Sends a part of the request's decision to its backend; false when it is done at once (Redis
-/// known down, keys in different Cluster slots).
+/// known down, keys in different Cluster slots). `several`: the request has other parts, on
+/// other backends, which may refuse it after this one admits.
 pub(super) unsafe fn ask(
     zones: &[ZoneReq],
     part: &mut Part,
-    lcf: &LocConf,
+    several: bool,
     mcf: &MainConf,
     now: Option<u64>,
 ) -> bool {
     let zones = zones[part.range()].iter();
-    part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], lcf.several)), now);
+    part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], several)), now);
     let Some(redis) = mcf.redis(part.backend) else { return false };
     // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
     part.cross_slot = redis.cluster && part.args.call().slot().is_none();
