@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Topology benchmark (issue 11): what a decision costs in nginx and in Redis when Redis is one
-# server over plain TCP, a 3-primary Redis Cluster, or one server over TLS. A sibling of
+# server over plain TCP, a 3-primary Redis Cluster, or one server over TLS, and what the Cluster's
+# cost is made of: Cluster mode alone (one node), the spread over three servers alone. A sibling of
 # bench/compare.sh (same nginx, module, wrk script and measurements), for the module's allow
 # path only: X-Consumer-Id rotating over IDS ids, the limit (100 per 60 s) never reached.
 #
@@ -10,6 +11,13 @@
 #   cluster  3 primaries, no replicas          ratelimit_redis 127.0.0.1:P1 127.0.0.1:P2 cluster=on;
 #            (redis-cli --cluster create ... --cluster-replicas 0; cluster bus on its own
 #            free port, --cluster-port)
+#   cluster1 1 primary holding all 16384 slots   ratelimit_redis 127.0.0.1:P cluster=on;
+#            (CLUSTER ADDSLOTSRANGE 0 16383): cluster mode and the module's Cluster path, every
+#            key on one process as in plain; set against cluster it tells what the spread over
+#            three processes costs apart from what Cluster mode costs
+#   plain3   three redis-servers over TCP, each id on one of them (split_clients, a zone per
+#            server with `redis=`, the two others' keys empty): the spread over three processes
+#            without Cluster mode
 #   tls      one redis-server, --port 0 --tls-port P, a throw-away CA and server certificate
 #            made with openssl at start
 #                                              ratelimit_redis 127.0.0.1:P ssl=on
@@ -34,12 +42,12 @@
 #
 # Usage:  bench/topology.sh          (make bench-topology builds the module first)
 # Environment (defaults):
-#   VARIANTS="plain cluster tls"  WORKER_COUNTS="1" (e.g. "1 2")
+#   VARIANTS="plain cluster cluster1 plain3 tls"  WORKER_COUNTS="1" (e.g. "1 2")
 #   DURATION=10 ROUNDS=5 WARMUP=2 (seconds, rounds)  THREADS=2 CONNS=64 (wrk)  IDS=10000
 #   NGINX=/usr/sbin/nginx MODULE=build/system/ngx_http_ratelimit_module.so (`make build-system`),
 #   absolute paths; an nginx with stub_status (the vendored build/nginx has none)
 #   KEEP_TMP=1 keeps the temporary directory (configurations, logs, certificates)
-# The default run takes about 4 minutes (15 runs of ~13 s, plus start-up); each worker count
+# The default run takes about 7 minutes (25 runs of ~13 s, plus start-up); each worker count
 # added to WORKER_COUNTS adds as much again.
 #
 # Loopback only, free ports, every loop bounded, everything started here stopped on exit.
@@ -54,7 +62,7 @@ say() { echo "topology: $*" >&2; }
 BENCH=$ROOT/bench
 NGINX=${NGINX:-/usr/sbin/nginx}
 MODULE=${MODULE:-$ROOT/build/system/ngx_http_ratelimit_module.so}
-VARIANTS=${VARIANTS:-plain cluster tls}
+VARIANTS=${VARIANTS:-plain cluster cluster1 plain3 tls}
 WORKER_COUNTS=${WORKER_COUNTS:-1}
 THREADS=${THREADS:-2}
 CONNS=${CONNS:-64}
@@ -91,7 +99,7 @@ case "$ROUNDS$DURATION$WARMUP$THREADS$CONNS$IDS" in *[!0-9]*) die "ROUNDS, DURAT
 [ "$IDS" -ge 1000 ] || die "IDS must be at least 1000 (with fewer ids the allow path reaches the limit of $LIMIT per $WINDOW)"
 declare -a VLIST=()
 for v in $VARIANTS; do
-    case "$v" in plain|cluster|tls) ;; *) die "unknown variant '$v' in VARIANTS (plain, cluster, tls)";; esac
+    case "$v" in plain|cluster|cluster1|plain3|tls) ;; *) die "unknown variant '$v' in VARIANTS (plain, cluster, cluster1, plain3, tls)";; esac
     case " ${VLIST[*]:-} " in *" $v "*) ;; *) VLIST+=("$v");; esac
 done
 [ "${#VLIST[@]}" -ge 1 ] || die "VARIANTS is empty"
@@ -115,7 +123,7 @@ declare -A NPORT=() WORKERS_OF=() SKIPPED=()
 stop_nginx() { stop_nginx_pidfile "$tmp/$1/nginx.pid"; }  # stop_nginx variant
 cleanup() {
     local v pid
-    for v in plain cluster tls; do stop_nginx "$v"; done
+    for v in plain cluster cluster1 plain3 tls; do stop_nginx "$v"; done
     for pid in "${REDIS_PIDS[@]}"; do stop_pid "$pid"; done
     if [ -n "${KEEP_TMP:-}" ]; then say "kept $tmp (KEEP_TMP)"; else rm -rf "$tmp"; fi
 }
@@ -136,6 +144,11 @@ declare -a CLUSTER_BUS=()
 for v in "${VLIST[@]}"; do
     case "$v" in
         plain|tls) new_port; RPORTS[$v]=$PORT ;;
+        cluster1) new_port; RPORTS[$v]=$PORT; new_port; CLUSTER1_BUS=$PORT ;;
+        plain3)
+            RPORTS[$v]=""
+            for _ in 1 2 3; do new_port; RPORTS[$v]+="$PORT "; done
+            RPORTS[$v]=${RPORTS[$v]% } ;;
         cluster)
             RPORTS[$v]=""
             for _ in $(seq 1 "$CLUSTER_NODES"); do
@@ -199,6 +212,24 @@ if has cluster; then
     [ "$ok" = 1 ] || die "the cluster did not reach cluster_state:ok with $CLUSTER_NODES known nodes on every node within 10 s"
 fi
 
+if has plain3; then
+    for p in ${RPORTS[plain3]}; do start_redis plain3 "$p" "$tmp/redis-plain3-$p" --port "$p"; done
+fi
+
+if has cluster1; then
+    p=${RPORTS[cluster1]}
+    start_redis cluster1 "$p" "$tmp/redis-cluster1" --port "$p" --cluster-enabled yes \
+        --cluster-port "$CLUSTER1_BUS" --cluster-config-file "$tmp/redis-cluster1/nodes.conf" \
+        --cluster-node-timeout 5000
+    vcli cluster1 "$p" cluster addslotsrange 0 16383 > /dev/null || die "CLUSTER ADDSLOTSRANGE on cluster1 failed"
+    for _ in $(seq 1 100); do
+        vcli cluster1 "$p" cluster info 2>/dev/null | tr -d '\r' | grep -q '^cluster_state:ok' && break
+        sleep 0.1
+    done
+    vcli cluster1 "$p" cluster info 2>/dev/null | tr -d '\r' | grep -q '^cluster_state:ok' \
+        || die "the one-node cluster did not reach cluster_state:ok within 10 s"
+fi
+
 if has tls; then
     d=$tmp/tls; mkdir -p "$d"
     {
@@ -243,8 +274,29 @@ redis_directive() {
             local p a=""
             for p in $(nodes cluster); do a+="127.0.0.1:$p "; done
             echo "ratelimit_redis ${a}cluster=on;" ;;
+        cluster1) echo "ratelimit_redis 127.0.0.1:${RPORTS[cluster1]} cluster=on;" ;;
+        plain3)
+            local p i=0
+            for p in $(nodes plain3); do echo "ratelimit_redis 127.0.0.1:$p name=s$i;"; i=$((i + 1)); done ;;
         tls) echo "ratelimit_redis 127.0.0.1:${RPORTS[tls]} ssl=on ssl_trusted_certificate=$tmp/tls/ca.crt ssl_name=$TLS_NAME;" ;;
     esac
+}
+
+# The zones: one, named bench; plain3 has a zone per server (bench0..2, `redis=`), and each id
+# a key in one of them only (an empty key is not limited), so each decision goes to one server.
+zones() {
+    if [ "$1" = plain3 ]; then
+        printf '    split_clients "$http_x_consumer_id" $bench_shard { 33.3%% 0; 33.3%% 1; * 2; }\n'
+        for i in 0 1 2; do
+            printf '    map $bench_shard $bench_key%s { %s $http_x_consumer_id; default ""; }\n' "$i" "$i"
+            printf '    ratelimit_zone bench%s key=$bench_key%s limit=%s window=%s redis=s%s;\n' "$i" "$i" "$LIMIT" "$WINDOW" "$i"
+        done
+    else
+        printf '    ratelimit_zone bench key=$http_x_consumer_id limit=%s window=%s;\n' "$LIMIT" "$WINDOW"
+    fi
+}
+limits() {
+    if [ "$1" = plain3 ]; then echo "ratelimit bench0; ratelimit bench1; ratelimit bench2;"; else echo "ratelimit bench;"; fi
 }
 
 write_conf() {  # write_conf variant workers
@@ -256,7 +308,7 @@ load_module $MODULE;
 $(nginx_conf_head "$d" "$2")
 
     $(redis_directive "$v")
-    ratelimit_zone bench key=\$http_x_consumer_id limit=$LIMIT window=$WINDOW;
+$(zones "$v")
     # A decision Redis does not make is a 503, so it shows as non-2xx instead of passing as a
     # fast "allowed" request.
     ratelimit_fail closed;
@@ -266,7 +318,7 @@ $(nginx_conf_head "$d" "$2")
     server {
         listen 127.0.0.1:${NPORT[$v]};
         root $d/html;
-        location /module/ { ratelimit bench; }
+        location /module/ { $(limits "$v") }
         location = /topology-status { stub_status; }
         location = /topology-metrics { ratelimit_metrics; }
     }
@@ -332,7 +384,10 @@ sanity() {
         case "$k" in ''|*[!0-9]*) die "$v: DBSIZE on node $p answered '$k'";; esac
         n=$((n + k))
     done
-    [ "$n" = 1 ] || die "$v: $n keys on the variant's nodes after one id's requests, expected 1 (rl:bench:topology-probe)"
+    if [ "$n" != 1 ]; then
+        for p in $(nodes "$v"); do say "$v: node $p keys: $(vcli "$v" "$p" --scan | tr '\n' ' ')"; done
+        die "$v: $n keys on the variant's nodes after one id's requests, expected 1 (rl:bench:topology-probe)"
+    fi
     flushall "$v"
 }
 
@@ -377,19 +432,21 @@ redis_snapshot() {  # redis_snapshot variant file: INFO cpu + commandstats of ea
             || die "INFO on $1 node $p failed"
     done
 }
-# redis_delta before after -> "cpu_seconds script_calls total_calls per-node-script-calls"
+# redis_delta before after -> "cpu_seconds script_calls total_calls per-node-script-calls
+# sys_seconds" (sys: the part of cpu_seconds spent in the kernel)
 # summed over the nodes; INFO (the snapshots themselves) left out.
 redis_delta() {
     awk -F'[ :=,]' '
         { node = $1 }
         $2 ~ /^used_cpu_(sys|user)$/ { cpu[FILENAME == ARGV[1]] += $3 }
+        $2 == "used_cpu_sys" { sys[FILENAME == ARGV[1]] += $3 }
         $2 ~ /^cmdstat_/ { c = $2; sub(/^cmdstat_/, "", c); if (c == "info") next
                            v = $4 * (FILENAME == ARGV[1] ? -1 : 1)
                            total += v
                            if (c == "eval" || c == "evalsha") { ev += v; per[node] += v; nodes[node] = 1 } }
         END { list = ""
               for (n in nodes) list = list (list == "" ? "" : ",") n ":" per[n]
-              printf "%.6f %d %d %s\n", cpu[0] - cpu[1], ev, total, (list == "" ? "-" : list) }' "$1" "$2"
+              printf "%.6f %d %d %s %.6f\n", cpu[0] - cpu[1], ev, total, (list == "" ? "-" : list), sys[0] - sys[1] }' "$1" "$2"
 }
 nginx_requests() {  # requests nginx has read so far (stub_status), this one included
     curl -sS --max-time 5 "$(base "$1")/topology-status" | awk 'NR == 3 { print $3 }'
@@ -399,8 +456,10 @@ decisions() {  # "passed other connects open": decisions PASSED, any other statu
     curl -sS --max-time 5 "$(base "$1")/topology-metrics?format=json" | python3 -c '
 import json, sys
 m = json.load(sys.stdin)
-d = m["zones"]["bench"]["decisions"]
-print(d.get("PASSED", 0), sum(d.values()) - d.get("PASSED", 0),
+# plain3 decides in three zones, bench0..2: a decision is in one of them.
+ds = [z["decisions"] for name, z in m["zones"].items() if name.startswith("bench")]
+passed = sum(d.get("PASSED", 0) for d in ds)
+print(passed, sum(sum(d.values()) for d in ds) - passed,
       sum(s.get("connects", 0) for s in m["redis"].values()),
       sum(s.get("connections", 0) for s in m["redis"].values()))'
 }
@@ -414,7 +473,7 @@ run_wrk() {  # run_wrk variant seconds -> BENCH line
 }
 field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<< "$2"; }
 
-printf 'variant\tworkers\tround\trequests\tnginx_requests\tdecisions\tother_decisions\tconnects\tconnections\tduration_us\trps\tp50_us\tp99_us\tnon2xx\tsocket_errors\tworker_cpu_s\tredis_cpu_s\tscript_calls\tredis_calls_total\terror_lines\tscript_calls_by_node\tother_cpu_pct\n' > "$tmp/raw.tsv"
+printf 'variant\tworkers\tround\trequests\tnginx_requests\tdecisions\tother_decisions\tconnects\tconnections\tduration_us\trps\tp50_us\tp99_us\tnon2xx\tsocket_errors\tworker_cpu_s\tredis_cpu_s\tscript_calls\tredis_calls_total\terror_lines\tscript_calls_by_node\tother_cpu_pct\tredis_sys_s\n' > "$tmp/raw.tsv"
 
 runs=$(( ${#WLIST[@]} * ${#VLIST[@]} * ROUNDS ))
 say "variants ${VLIST[*]} (${#WLIST[@]} worker count(s): ${WLIST[*]}); $runs runs of ${WARMUP}s warm-up + ${DURATION}s" \
@@ -446,14 +505,14 @@ for w in "${WLIST[@]}"; do
             t=$(decisions "$v"); read -r d1 o1 c1 open1 <<< "$t"; n1=$(nginx_requests "$v"); e1=$(error_lines "$v")
             foreign=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v t=$((all1 - all0)) \
                       'BEGIN { f = (t > 0 ? 100 * (b - o) / t : 0); printf "%.1f", (f < 0 ? 0 : f) }')
-            t=$(redis_delta "$tmp/redis0" "$tmp/redis1"); read -r rcpu rscript rtotal rbynode <<< "$t"
+            t=$(redis_delta "$tmp/redis0" "$tmp/redis1"); read -r rcpu rscript rtotal rbynode rsys <<< "$t"
             [ "$rscript" -gt 0 ] || die "$v: no script call reached Redis during the run; see $tmp/$v/logs/error.log"
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
                 "$v" "$w" "$r" "$(field requests "$line")" "$((n1 - n0 - 1))" "$((d1 - d0))" "$((o1 - o0))" \
                 "$((c1 - c0))" "$open1" "$(field duration_us "$line")" "$(field rps "$line")" "$(field p50_us "$line")" \
                 "$(field p99_us "$line")" "$(field non2xx "$line")" "$(field socket_errors "$line")" \
                 "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')" \
-                "$rcpu" "$rscript" "$rtotal" "$((e1 - e0))" "$rbynode" "$foreign" >> "$tmp/raw.tsv"
+                "$rcpu" "$rscript" "$rtotal" "$((e1 - e0))" "$rbynode" "$foreign" "$rsys" >> "$tmp/raw.tsv"
             say "[$run_no/$runs] w=$w round $r $v: $(printf '%.0f' "$(field rps "$line")") req/s," \
                 "p99 $(field p99_us "$line")us, $(awk -v c="$rscript" -v d=$((d1 - d0)) 'BEGIN { printf "%.2f", d ? c / d : 0 }') script calls/decision," \
                 "non-2xx $(field non2xx "$line"), other processes ${foreign}% CPU"

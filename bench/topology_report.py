@@ -16,10 +16,12 @@ import sys
 
 from report_meta import read_meta
 
-ORDER = ["plain", "cluster", "tls"]
+ORDER = ["plain", "cluster", "cluster1", "plain3", "tls"]
 LABEL = {
     "plain": "plain: 1 server, TCP",
     "cluster": "cluster: 3 primaries",
+    "cluster1": "cluster1: 1 primary, every slot",
+    "plain3": "plain3: 3 servers, ids split",
     "tls": "tls: 1 server, TLS",
 }
 
@@ -36,6 +38,9 @@ def load(raw_path, meta_path):
         r["cpu_us"] = r["worker_cpu_s"] * 1e6 / n if n else 0.0
         r["redis_us"] = r["redis_cpu_s"] * 1e6 / d if d else 0.0
         r["calls"] = r["script_calls"] / d if d else 0.0
+        # Reports from before the column: no figure rather than 0 %.
+        if "redis_sys_s" in r and r["redis_cpu_s"]:
+            r["redis_sys_pct"] = 100.0 * r["redis_sys_s"] / r["redis_cpu_s"]
         r["p99_ms"] = r["p99_us"] / 1000.0
     return rows, read_meta(meta_path)
 
@@ -59,6 +64,7 @@ METRICS = [  # field, header, digits
     ("cpu_us", "nginx CPU µs/req", 1),
     ("redis_us", "Redis CPU µs/decision (all nodes)", 1),
     ("calls", "script calls/decision", 3),
+    ("redis_sys_pct", "Redis CPU in the kernel %", 0),
 ]
 RATIOS = [("rps", "req/s"), ("p99_ms", "p99"), ("cpu_us", "nginx CPU"), ("redis_us", "Redis CPU")]
 
@@ -70,6 +76,7 @@ def main():
     for r in rows:
         by.setdefault(int(r["workers"]), {}).setdefault(r["variant"], {})[int(r["round"])] = r
     skipped = {k[len("skipped_"):]: v for k, v in meta.items() if k.startswith("skipped_")}
+    variants = {r["variant"] for r in rows}
 
     o = []
     o.append("# ngx_http_ratelimit: Redis topologies, plain vs Cluster vs TLS\n")
@@ -93,6 +100,14 @@ def main():
     o.append("- **cluster**: %s primaries, no replicas (`redis-cli --cluster create ... "
              "--cluster-replicas 0`), `ratelimit_redis 127.0.0.1:P1 ... cluster=on;` (seeds: all "
              "nodes)" % meta.get("cluster_nodes", "3"))
+    if "cluster1" in variants:
+        o.append("- **cluster1**: one cluster-enabled primary holding all 16384 slots (`CLUSTER "
+                 "ADDSLOTSRANGE 0 16383`), `ratelimit_redis 127.0.0.1:P cluster=on;`: Cluster "
+                 "mode and the module's Cluster path with every key on one process, as in plain")
+    if "plain3" in variants:
+        o.append("- **plain3**: three redis-servers over TCP without Cluster mode, each id on one of "
+                 "them (`split_clients` over the id, a zone per server with `redis=`, the other "
+                 "two zones' keys empty): the spread over three processes alone")
     o.append("- **tls**: one redis-server with `--port 0 --tls-port P` (RSA 2048 certificate from "
              "a throw-away CA), `ratelimit_redis 127.0.0.1:P ssl=on "
              "ssl_trusted_certificate=ca.crt ssl_name=redis.test;`\n")
@@ -123,7 +138,8 @@ def main():
         for v in names:
             rs = list(vs[v].values())
             o.append("| %s | %s |" % (LABEL.get(v, v),
-                                      " | ".join(cell([r[f] for r in rs], d) for f, _, d in METRICS)))
+                                      " | ".join(cell([r[f] for r in rs], d) if all(f in r for r in rs) else "–"
+                                                 for f, _, d in METRICS)))
         for v, why in sorted(skipped.items()):
             if v not in vs:
                 o.append("| %s | %s |" % (LABEL.get(v, v), why.replace("|", "\\|")) + " |" * (len(METRICS) - 1))
