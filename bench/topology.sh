@@ -459,9 +459,11 @@ m = json.load(sys.stdin)
 # plain3 decides in three zones, bench0..2: a decision is in one of them.
 ds = [z["decisions"] for name, z in m["zones"].items() if name.startswith("bench")]
 passed = sum(d.get("PASSED", 0) for d in ds)
+# Servers of the unnamed backend under "redis", of named ones (plain3) under "backends".
+servers = list(m["redis"].values()) + [s for b in m.get("backends", {}).values() for s in b.values()]
 print(passed, sum(sum(d.values()) for d in ds) - passed,
-      sum(s.get("connects", 0) for s in m["redis"].values()),
-      sum(s.get("connections", 0) for s in m["redis"].values()))'
+      sum(s.get("connects", 0) for s in servers),
+      sum(s.get("connections", 0) for s in servers))'
 }
 error_lines() { grep -cE '\[(error|crit|alert|emerg)\]' "$tmp/$1/logs/error.log" || true; }
 
