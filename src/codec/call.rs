@@ -113,25 +113,35 @@ impl Args {
 /// decision's keys are declared (a call may declare keys of one slot); the others go first in
 /// ARGV, after `k<count>`, and the script learns whether the node serves each from its first
 /// access, before its decision writes anything.
-pub fn write_batch(out: &mut Vec<u8>, script: &Script, batch: &[&Args], mixed: bool) {
-    let zones: usize = batch.iter().map(|a| a.zones).sum();
-    let argv: usize = batch.iter().map(|a| a.argv_count()).sum();
-    let declared = match batch.first() {
-        Some(first) if mixed && batch.len() > 1 => first.zones,
+///
+/// `batch` is walked several times, as it lies (a connection's queue): gathering it first was
+/// an array to fill per call.
+pub fn write_batch<'a>(
+    out: &mut Vec<u8>,
+    script: &Script,
+    batch: impl Iterator<Item = &'a Args> + Clone,
+    mixed: bool,
+) {
+    let (mut n, mut zones, mut argv) = (0, 0, 0);
+    for a in batch.clone() {
+        (n, zones, argv) = (n + 1, zones + a.zones, argv + a.argv_count());
+    }
+    let declared = match batch.clone().next() {
+        Some(first) if mixed && n > 1 => first.zones,
         _ => zones,
     };
-    let (head, rest) = batch.split_at(if declared < zones { 1 } else { batch.len() });
-    resp::put_array_len(out, 3 + zones + usize::from(!rest.is_empty()) + argv);
+    let split = if declared < zones { 1 } else { n };
+    resp::put_array_len(out, 3 + zones + usize::from(split < n) + argv);
     resp::put_bulk(out, b"EVALSHA");
     resp::put_bulk(out, &script.sha);
     resp::put_bulk_int(out, declared as u64);
-    for a in head {
+    for a in batch.clone().take(split) {
         out.extend_from_slice(a.keys());
     }
-    if !rest.is_empty() {
+    if split < n {
         let mut digits = [0u8; 20];
         resp::put_bulk_parts(out, &[b"k", resp::fmt_u64((zones - declared) as u64, &mut digits)]);
-        for a in rest {
+        for a in batch.clone().skip(split) {
             out.extend_from_slice(a.keys());
         }
     }

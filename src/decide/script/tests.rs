@@ -246,7 +246,7 @@ fn a_batch_puts_every_key_before_every_argument() {
     write_batch(
         &mut cmd,
         &Script { body: "", sha: [b'0'; 40] },
-        &[a.call(), b.call(), a.call()],
+        [a.call(), b.call(), a.call()].into_iter(),
         false,
     );
     let mut expected = redis::cmd("EVALSHA");
@@ -259,7 +259,7 @@ fn a_batch_puts_every_key_before_every_argument() {
     assert_eq!(cmd, expected.get_packed_command());
     // What each decision adds: all but the call's header ("*26" against "*3" when empty).
     let mut empty = Vec::new();
-    write_batch(&mut empty, &Script { body: "", sha: [b'0'; 40] }, &[], false);
+    write_batch(&mut empty, &Script { body: "", sha: [b'0'; 40] }, core::iter::empty(), false);
     assert_eq!(cmd.len(), empty.len() + 1 + 2 * a.call().wire_len() + b.call().wire_len());
 }
 
@@ -268,7 +268,7 @@ fn a_node_batch_declares_the_keys_of_its_first_decision_only() {
     let (a, b) = two_decisions();
     let script = Script { body: "", sha: [b'0'; 40] };
     let mut cmd = Vec::new();
-    write_batch(&mut cmd, &script, &[b.call(), a.call(), a.call()], true);
+    write_batch(&mut cmd, &script, [b.call(), a.call(), a.call()].into_iter(), true);
     let mut expected = redis::cmd("EVALSHA");
     expected.arg(&[b'0'; 40][..]).arg(2).arg("rl:ip:b").arg("rl:user:c");
     expected.arg("k2").arg("rl:api:a").arg("rl:api:a");
@@ -279,8 +279,8 @@ fn a_node_batch_declares_the_keys_of_its_first_decision_only() {
     assert_eq!(cmd, expected.get_packed_command());
     // A batch of one declares its keys, as ever: no marker.
     let (mut alone, mut plain) = (Vec::new(), Vec::new());
-    write_batch(&mut alone, &script, &[b.call()], true);
-    write_batch(&mut plain, &script, &[b.call()], false);
+    write_batch(&mut alone, &script, core::iter::once(b.call()), true);
+    write_batch(&mut plain, &script, core::iter::once(b.call()), false);
     assert_eq!(alone, plain);
 }
 
@@ -374,7 +374,12 @@ fn redis_clock_sends_an_empty_now() {
     let zones = [zone(Key::new(b"", b"z", b"k"), Algorithm::SlidingCounter, 0)];
     let mut cmd = Vec::new();
     let args = EncodedArgs::new(zones.iter().copied(), None);
-    write_batch(&mut cmd, &Script { body: "", sha: [b'0'; 40] }, &[args.call()], false);
+    write_batch(
+        &mut cmd,
+        &Script { body: "", sha: [b'0'; 40] },
+        core::iter::once(args.call()),
+        false,
+    );
     assert!(cmd.windows(6).any(|w| w == b"$0\r\n\r\n"));
 }
 
@@ -404,7 +409,12 @@ fn assert_call(args: &EncodedArgs, fields: &[&str]) {
         expected.arg(*f);
     }
     let mut cmd = Vec::new();
-    write_batch(&mut cmd, &Script { body: "return 1", sha: [b'f'; 40] }, &[args.call()], false);
+    write_batch(
+        &mut cmd,
+        &Script { body: "return 1", sha: [b'f'; 40] },
+        core::iter::once(args.call()),
+        false,
+    );
     assert_eq!(cmd, expected.get_packed_command());
 }
 

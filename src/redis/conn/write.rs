@@ -11,7 +11,7 @@ use ngx::ffi::{
 };
 
 use super::{Conn, Sent, KEEP_CAPACITY, MAX_IN_FLIGHT, OUT_HIGH, READ_CHUNK};
-use crate::codec::call::{self, Args, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
+use crate::codec::call::{self, MAX_BATCH_BYTES, MAX_BATCH_DECISIONS};
 use crate::codec::resp;
 use crate::metrics::{Counter, Gauge};
 use crate::redis::batch;
@@ -32,9 +32,6 @@ impl Conn {
         // SAFETY: the pool outlives its connections.
         let (metrics, per_node, script) =
             unsafe { ((*self.pool).metrics, (*self.pool).per_node(), (*self.pool).conf().script) };
-        // The batch's arguments on the stack: a `Vec` here was a heap allocation per call.
-        let unused = Args::default();
-        let mut batch = [&unused; MAX_BATCH_DECISIONS];
         while self.in_flight.len() < MAX_IN_FLIGHT && self.out.len() < OUT_HIGH {
             let Some(head) = self.queued.front().map(|q| q.cmd) else { break };
             if let Payload::Raw(bytes) = head.payload {
@@ -56,12 +53,10 @@ impl Conn {
                 }
                 // SAFETY: a queued decision is pending (a cancelled one left the queue), so
                 // its request and the arguments in its pool are alive.
-                let args = unsafe { args.as_ref() };
-                bytes += args.wire_len();
+                bytes += unsafe { args.as_ref() }.wire_len();
                 if n > 0 && bytes > MAX_BATCH_BYTES {
                     break;
                 }
-                batch[n] = args;
                 n += 1;
                 reload |= q.cmd.reload;
                 mixed |= q.cmd.slot != head.slot;
@@ -77,7 +72,13 @@ impl Conn {
                 self.out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
                 self.sent.push_back(Sent::new(now, 0, written, resp::MAX_REPLY_LEN));
             }
-            call::write_batch(&mut self.out, script, &batch[..n], mixed);
+            // The first n queued, all decisions: the loop above stopped at anything else.
+            let batch = self.queued.iter().take(n).filter_map(|q| match q.cmd.payload {
+                // SAFETY: as above.
+                Payload::Decision(args) => Some(unsafe { args.as_ref() }),
+                Payload::Raw(_) => None,
+            });
+            call::write_batch(&mut self.out, script, batch, mixed);
             let sent = Sent::new(now, n, written, resp::MAX_REPLY_LEN);
             self.sent.push_back(Sent { mixed, ..sent });
             metrics.gauge(Gauge::InFlight, n as i64);
