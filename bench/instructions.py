@@ -201,12 +201,15 @@ def compressed_name(names, kind, rest):
     return names.get(key, "")
 
 def parse_callgrind(path, module_so):
-    """Total Ir, and calls to the malloc family: all, and those from the module's object."""
+    """Total Ir; calls to the malloc family, all and those from the module's object; and the
+    allocator's own Ir (glibc's malloc.c, whoever called it)."""
     names = {}
     total = None
-    allocs = {"all": 0, "module": 0}
+    allocs = {"all": 0, "module": 0, "allocator_ir": 0}
     ob = fn_is_module = None
+    fl = ""
     cfn = None
+    in_allocator = after_call = False
     module_base = os.path.basename(module_so)
 
     def name_of(kind, rest):
@@ -214,20 +217,31 @@ def parse_callgrind(path, module_so):
 
     with open(path, errors="replace") as f:
         for line in f:
+            if line[0] in "0123456789+-*":
+                # A cost line: a call's inclusive cost right after `calls=`, else the function's own.
+                if in_allocator and not after_call:
+                    allocs["allocator_ir"] += int(line.split()[1])
+                after_call = False
+                continue
+            after_call = False
             if line.startswith("ob="):
                 ob = name_of("ob", line[3:].rstrip("\n"))
             elif line.startswith("cob="):
                 name_of("ob", line[4:].rstrip("\n"))
-            elif line.startswith("fl=") or line.startswith("fi=") or line.startswith("fe="):
+            elif line.startswith("fl="):
+                fl = name_of("fl", line[3:].rstrip("\n"))
+            elif line.startswith("fi=") or line.startswith("fe="):
                 name_of("fl", line[3:].rstrip("\n"))
             elif line.startswith("cfi=") or line.startswith("cfl="):
                 name_of("fl", line[4:].rstrip("\n"))
             elif line.startswith("fn="):
                 name_of("fn", line[3:].rstrip("\n"))
                 fn_is_module = ob is not None and ob.endswith(module_base)
+                in_allocator = fl.endswith("/malloc/malloc.c")
             elif line.startswith("cfn="):
                 cfn = name_of("fn", line[4:].rstrip("\n"))
             elif line.startswith("calls="):
+                after_call = True
                 n = int(line[6:].split()[0])
                 if cfn in ALLOC_FNS:
                     allocs["all"] += n
@@ -390,7 +404,8 @@ def main():
                     total, allocs = parse_callgrind(out, args.module)
                     lives[n] = (out, total, allocs, got)
                 ir = (lives[args.large][1] - lives[args.small][1]) / span
-                al = {k: (lives[args.large][2][k] - lives[args.small][2][k]) / span for k in ("all", "module")}
+                al = {k: (lives[args.large][2][k] - lives[args.small][2][k]) / span
+                      for k in ("all", "module", "allocator_ir")}
                 per_run.append((ir, al, lives))
                 say(f"{name} run {run + 1}: {ir:,.0f} Ir/request, malloc {al['all']:.2f} "
                     f"(module {al['module']:.2f}), statuses {lives[args.large][3]}")
@@ -442,7 +457,10 @@ def render(args, contenders, results, breakdown):
     w(f"marginal Ir per request = (Ir(N={args.large}) - Ir(N={args.small})) / {args.large - args.small}; "
       f"median of {args.runs} runs (each run's figure listed).")
     w("Allocations: calls to malloc, calloc, realloc and posix_memalign per request, marginal as Ir;")
-    w("\"module\" counts those made from the module's own code.")
+    w("\"module\" counts those made from the module's own code. \"Allocator\": the Ir of glibc's malloc.c")
+    w("(malloc, free and their internals, whoever called them) per request, over no limiter: what")
+    w("nginx's own per-request pool blocks cost depends on the heap's layout, which the module's")
+    w("long-lived allocations shape, so a row moves by this much with no allocation of its own.")
     if args.label:
         w("")
         w(f"**{args.label}**")
@@ -450,14 +468,16 @@ def render(args, contenders, results, breakdown):
     w(f"Machine: {os.uname().machine}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
       f"module built from {args.commit or git_head()}.")
     w("")
-    w("| location | Ir/request | over no limiter | runs | allocs/request (module) | statuses (last life) |")
-    w("|---|---:|---:|---|---:|---|")
+    w("| location | Ir/request | over no limiter | of which the allocator | runs | allocs/request (module) | statuses (last life) |")
+    w("|---|---:|---:|---:|---|---:|---|")
+    none_alloc = results["none"]["alloc"]["allocator_ir"]
     for name, _, label in contenders:
         r = results[name]
         over = "—" if name == "none" else f"{r['median'] - none:+,.0f}"
+        heap = "—" if name == "none" else f"{r['alloc']['allocator_ir'] - none_alloc:+,.0f}"
         runs = " / ".join(fmt_int(x) for x in r["ir"])
         st = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))
-        w(f"| {label} | {fmt_int(r['median'])} | {over} | {runs} | "
+        w(f"| {label} | {fmt_int(r['median'])} | {over} | {heap} | {runs} | "
           f"{r['alloc']['all']:.2f} ({r['alloc']['module']:.2f}) | {st} |")
     for name, (fns, files) in breakdown.items():
         label = next(c[2] for c in contenders if c[0] == name)
