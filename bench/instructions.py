@@ -201,15 +201,16 @@ def compressed_name(names, kind, rest):
     return names.get(key, "")
 
 def parse_callgrind(path, module_so):
-    """Total Ir; calls to the malloc family, all and those from the module's object; and the
-    allocator's own Ir (glibc's malloc.c, whoever called it)."""
+    """Total Ir; calls to the malloc family, all and those from the module's object; the
+    allocator's own Ir (glibc's malloc.c, whoever called it), and of it what the module's own
+    calls to malloc, free and realloc cost (their inclusive Ir)."""
     names = {}
     total = None
-    allocs = {"all": 0, "module": 0, "allocator_ir": 0}
+    allocs = {"all": 0, "module": 0, "allocator_ir": 0, "module_alloc_ir": 0}
     ob = fn_is_module = None
     fl = ""
     cfn = None
-    in_allocator = after_call = False
+    in_allocator = after_call = module_alloc_call = False
     module_base = os.path.basename(module_so)
 
     def name_of(kind, rest):
@@ -221,9 +222,11 @@ def parse_callgrind(path, module_so):
                 # A cost line: a call's inclusive cost right after `calls=`, else the function's own.
                 if in_allocator and not after_call:
                     allocs["allocator_ir"] += int(line.split()[1])
-                after_call = False
+                if module_alloc_call:
+                    allocs["module_alloc_ir"] += int(line.split()[1])
+                after_call = module_alloc_call = False
                 continue
-            after_call = False
+            after_call = module_alloc_call = False
             if line.startswith("ob="):
                 ob = name_of("ob", line[3:].rstrip("\n"))
             elif line.startswith("cob="):
@@ -242,6 +245,7 @@ def parse_callgrind(path, module_so):
                 cfn = name_of("fn", line[4:].rstrip("\n"))
             elif line.startswith("calls="):
                 after_call = True
+                module_alloc_call = fn_is_module and (cfn in ALLOC_FNS or cfn == "free")
                 n = int(line[6:].split()[0])
                 if cfn in ALLOC_FNS:
                     allocs["all"] += n
@@ -405,7 +409,7 @@ def main():
                     lives[n] = (out, total, allocs, got)
                 ir = (lives[args.large][1] - lives[args.small][1]) / span
                 al = {k: (lives[args.large][2][k] - lives[args.small][2][k]) / span
-                      for k in ("all", "module", "allocator_ir")}
+                      for k in ("all", "module", "allocator_ir", "module_alloc_ir")}
                 per_run.append((ir, al, lives))
                 say(f"{name} run {run + 1}: {ir:,.0f} Ir/request, malloc {al['all']:.2f} "
                     f"(module {al['module']:.2f}), statuses {lives[args.large][3]}")
@@ -416,6 +420,10 @@ def main():
                 "ir": [r[0] for r in per_run],
                 "median": mid[0],
                 "alloc": mid[1],
+                # Without what glibc's allocator spends on nginx's own allocations, which moves
+                # with the heap's layout; the module's own allocations are kept in.
+                "apart": sorted(r[0] - r[1]["allocator_ir"] + r[1]["module_alloc_ir"]
+                                for r in per_run),
                 "statuses": mid[2][args.large][3],
                 "lives": mid[2],
             }
@@ -457,10 +465,12 @@ def render(args, contenders, results, breakdown):
     w(f"marginal Ir per request = (Ir(N={args.large}) - Ir(N={args.small})) / {args.large - args.small}; "
       f"median of {args.runs} runs (each run's figure listed).")
     w("Allocations: calls to malloc, calloc, realloc and posix_memalign per request, marginal as Ir;")
-    w("\"module\" counts those made from the module's own code. \"Allocator\": the Ir of glibc's malloc.c")
-    w("(malloc, free and their internals, whoever called them) per request, over no limiter: what")
-    w("nginx's own per-request pool blocks cost depends on the heap's layout, which the module's")
-    w("long-lived allocations shape, so a row moves by this much with no allocation of its own.")
+    w("\"module\" counts those made from the module's own code. \"Nginx's allocations\": the Ir of glibc's")
+    w("malloc.c per request (malloc, free and their internals) over no limiter, the module's own calls")
+    w("set apart: nginx makes the same allocations in every row (its connection's buffer, the request's")
+    w("pool and a second block of it), whose cost depends on the heap's layout, which the module's")
+    w("long-lived allocations shape; a row moves by that much from run to run with no allocation of its")
+    w("own, so the column after it leaves it out (the module's own allocations stay in).")
     if args.label:
         w("")
         w(f"**{args.label}**")
@@ -468,16 +478,21 @@ def render(args, contenders, results, breakdown):
     w(f"Machine: {os.uname().machine}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
       f"module built from {args.commit or git_head()}.")
     w("")
-    w("| location | Ir/request | over no limiter | of which the allocator | runs | allocs/request (module) | statuses (last life) |")
-    w("|---|---:|---:|---:|---|---:|---|")
+    w("| location | Ir/request | over no limiter | of which nginx's allocations | over no limiter, those apart (runs) | runs | allocs/request (module) | statuses (last life) |")
+    w("|---|---:|---:|---:|---:|---|---:|---|")
     none_alloc = results["none"]["alloc"]["allocator_ir"]
+    none_apart = results["none"]["apart"][len(results["none"]["apart"]) // 2]
     for name, _, label in contenders:
         r = results[name]
         over = "—" if name == "none" else f"{r['median'] - none:+,.0f}"
-        heap = "—" if name == "none" else f"{r['alloc']['allocator_ir'] - none_alloc:+,.0f}"
+        own = r["alloc"]["allocator_ir"] - r["alloc"]["module_alloc_ir"]
+        heap = "—" if name == "none" else f"{own - none_alloc:+,.0f}"
+        apart = [a - none_apart for a in r["apart"]]
+        apart = "—" if name == "none" else (f"{apart[len(apart) // 2]:+,.0f} ("
+                                            + " / ".join(f"{a:+,.0f}" for a in apart) + ")")
         runs = " / ".join(fmt_int(x) for x in r["ir"])
         st = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))
-        w(f"| {label} | {fmt_int(r['median'])} | {over} | {heap} | {runs} | "
+        w(f"| {label} | {fmt_int(r['median'])} | {over} | {heap} | {apart} | {runs} | "
           f"{r['alloc']['all']:.2f} ({r['alloc']['module']:.2f}) | {st} |")
     for name, (fns, files) in breakdown.items():
         label = next(c[2] for c in contenders if c[0] == name)
