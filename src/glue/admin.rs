@@ -175,6 +175,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
         lease: None,
         delay: None,
         place: Place::No,
+        figures: None,
     };
 
     let pool = Pool::from_ngx_pool((*r).pool);

@@ -19,7 +19,7 @@ use crate::decide::key::prefix_tag;
 use crate::decide::lease::{LeaseConf, Leases};
 use crate::decide::local_limit::LocalLimiter;
 use crate::decide::quota::Period;
-use crate::decide::script::Algorithm;
+use crate::decide::script::{Algorithm, EncodedFigures};
 use crate::decide::settle;
 use crate::decide::slots::Slots;
 use crate::decide::table_key::TableHead;
@@ -220,6 +220,8 @@ pub struct LimitRef {
     pub delay_ms: u64,
     /// `settle=`: the value, evaluated when the request ends, that replaces the cost.
     pub settle: Option<*mut ngx_http_complex_value_t>,
+    /// The zone's figures with this line's cost, encoded once when no variable sets them.
+    pub figures: Option<EncodedFigures>,
     /// Where the line was, for errors found after parsing.
     pub file: String,
     pub line: ngx_uint_t,
@@ -332,6 +334,14 @@ pub unsafe extern "C" fn merge_loc_conf(
         if limit.settle.is_some() {
             mcf.settling.set(true);
         }
+        let zone = &mcf.zones[limit.zone];
+        limit.figures = match (zone.limit, zone.window, limit.cost) {
+            (Param::Fixed(l), Param::Fixed(w), Param::Fixed(c)) if zone.member.is_none() => {
+                let w = zone.period.map_or(w, Period::encode);
+                Some(EncodedFigures::new(zone.algorithm, l, w, c, zone.burst))
+            }
+            _ => None,
+        };
         if mcf.zones[limit.zone].concurrency() && !matches!(limit.cost, Param::Fixed(1)) {
             return fail(
                 cf,

@@ -13,7 +13,7 @@ mod reply;
 #[cfg(test)]
 mod tests;
 
-pub use args::{EncodedArgs, Place, SlotOp, SlotRef, ZoneArgs};
+pub use args::{EncodedArgs, EncodedFigures, Place, SlotOp, SlotRef, ZoneArgs};
 pub use reply::{decode_decision, decode_reply, Decision, ReplyError, ZoneVerdict};
 
 /// The decision script. The files in `lua/` are the single source of truth; tests that run the

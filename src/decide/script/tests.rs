@@ -25,6 +25,41 @@ fn zone(key: Key<'_>, algorithm: Algorithm, cost: u64) -> ZoneArgs<'_> {
         lease: None,
         delay: None,
         place: Place::No,
+        figures: None,
+    }
+}
+
+#[test]
+fn figures_encoded_once_are_the_bytes_a_request_formats() {
+    let algorithms = [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+        Algorithm::Balance,
+        Algorithm::Concurrency,
+    ];
+    for alg in algorithms {
+        let z = zone(Key::new(b"rl:", b"api", b"a"), alg, 3);
+        let plain = EncodedArgs::new([z].into_iter(), Some(5));
+        let fixed = EncodedFigures::new(alg, 100, 60_000, 3, 7);
+        let copied =
+            EncodedArgs::new([ZoneArgs { figures: Some(&fixed), ..z }].into_iter(), Some(5));
+        assert_eq!(copied, plain, "{alg:?}");
+        // Figures the request changed (a local share of the limit), another cost, a member in
+        // the burst's place: formatted, never the stale copy.
+        let other = [
+            ZoneArgs { limit: 50, ..z },
+            ZoneArgs { cost: 1, ..z },
+            ZoneArgs { member: Some(b"3f2a"), ..z },
+            ZoneArgs { lease: Some((9, 1_000)), place: Place::Undo, ..z },
+        ];
+        for o in other {
+            let with = ZoneArgs { figures: Some(&fixed), ..o };
+            assert_eq!(
+                EncodedArgs::new([with].into_iter(), None),
+                EncodedArgs::new([o].into_iter(), None)
+            );
+        }
     }
 }
 

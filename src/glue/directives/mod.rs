@@ -348,6 +348,7 @@ unsafe extern "C" fn cmd_ratelimit(
         cost,
         delay_ms: delay_ms.unwrap_or(0),
         settle,
+        figures: None,
         file: text(&file.name).to_owned(),
         line: (*(*cf).conf_file).line,
     });

@@ -20,7 +20,7 @@ use crate::decide::key::{cluster_value, Key, Piece};
 use crate::decide::lease::{Ask, Figures, GiveBack, Grant};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
-use crate::decide::script::{self, Decision, Place, SlotRef, ZoneArgs};
+use crate::decide::script::{self, Decision, EncodedFigures, Place, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
 use crate::decide::table_key::{TableHead, TableKey};
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
@@ -115,6 +115,8 @@ pub struct ZoneReq {
     delay: Option<u64>,
     /// `settle=`: the value that replaces the cost when the request ends.
     pub settle: Option<*mut ngx_http_complex_value_t>,
+    /// Its `ratelimit` line's figures, encoded once (in the configuration).
+    figures: Option<&'static EncodedFigures>,
     /// Where Redis recorded the request in this zone: a delayed request's place, to give back
     /// if it ends before its turn (client gone), or the estimate of a zone with `settle=`;
     /// nothing (0 units) otherwise. Kept as Redis answered it: the key is copied only for a
@@ -146,6 +148,7 @@ impl ZoneReq {
             member: self.member,
             lease: self.lease,
             delay: self.delay,
+            figures: self.figures,
             place: match self.settle {
                 Some(_) => Place::Settle,
                 // Given back at once if another backend refuses the request.
@@ -261,6 +264,8 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let head = zone.table_head.get_or_init(|| TableHead::new(i, &key.parts()[..3]));
         let table_key = head.key(key.parts());
         let settle = limit.settle;
+        // SAFETY: the configuration outlives the request.
+        let figures = limit.figures.as_ref().map(|f| &*ptr::from_ref(f));
         let delay = lcf.delaying.then_some(if may_wait { limit.delay_ms } else { 0 });
         let (limit, lease) = (limit_n, None);
         let placed = Grant::default();
@@ -275,6 +280,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             lease,
             delay,
             settle,
+            figures,
             placed,
         };
         // Room was made for every `ratelimit` line of the location.
