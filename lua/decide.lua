@@ -933,7 +933,9 @@ repeat
           result, failed = gone, k + i
           break
         end
-        local used, mine = call('ZCARD', key), call('ZSCORE', key, ARGV[p + 4]) ~= false
+        -- A release learns whether its member was there from its ZREM, in the second pass.
+        local used = call('ZCARD', key)
+        local mine = alg ~= 'Gn' and call('ZSCORE', key, ARGV[p + 4]) ~= false
         S[o + S1], S[o + S2] = used, mine
         if alg == 'n' then
           ok = mine or used + cost <= limit
@@ -1599,9 +1601,11 @@ repeat
           -- across a reload).
           local top = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
           call('PEXPIRE', key, format('%d', max(1, tonumber(top[2]) - now)))
-        elseif alg == 'Gn' and mine then
-          call('ZREM', key, member)
-          used = used - 1
+        elseif alg == 'Gn' then
+          mine = call('ZREM', key, member) == 1
+          if mine then
+            used = used - 1
+          end
         end
         remaining, reset = max(0, limit - used), 0
         if alg == 'Gn' and mine then

@@ -80,6 +80,12 @@ my $redis = redis();
 # The releases so far answered first: only the late decisions' may ZREM below.
 wait_until(3, sub { slots('released') == slots('taken') });
 redis_cmd('CONFIG', 'RESETSTAT');
+# A worker with no connection to Redis before the stop (or whose connection timed out during it)
+# writes its decision on a connection Redis has not accepted yet, and resets it at the deadline.
+# Accepting it after CONT, a protected-mode Redis (no password) cannot read the reset socket's
+# address, takes it for a remote client and closes it unread: that decision never runs, and there
+# is no grant to release. Here both must run.
+redis_cmd('CONFIG', 'SET', 'protected-mode', 'no');
 kill 'STOP', $redis->pid;
 $h = http_start(port => server_port(), request => 'GET /one?k=ko&hold=0');
 sleep 0.1;
@@ -93,7 +99,11 @@ ok(wait_until(2, sub { redis_cmd('ZCARD', 'rl:one:ko') == 0 }),
     'client gone while pending: the slot Redis granted afterwards is released');
 ok(wait_until(2, sub { redis_cmd('ZCARD', 'rl:one:kt') == 0 }),
     'deadline passed: the slot Redis granted afterwards is released');
-is(redis_calls('zrem'), 2, 'Redis did grant both slots, and both were removed (2 ZREM)');
+# Granted (a ZADD each) after their requests had gone; removed, as the two checks above saw. Not
+# counted by ZREM: a release sent before its late decision ran finds nothing, and is sent again.
+is(redis_calls('zadd'), 2, 'Redis did grant both slots (2 ZADD), after their requests were gone')
+    or diag(grep { /rejected_connections/ } split /\r\n/, redis_cmd('INFO', 'stats'));
+redis_cmd('CONFIG', 'SET', 'protected-mode', 'yes');
 is(status('/one?k=ko&hold=0') . ' ' . status('/one?k=kt&hold=0'), '200 200', 'both keys admit again');
 
 # --- Internal redirects and a subrequest: one slot, taken once.

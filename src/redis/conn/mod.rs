@@ -342,7 +342,8 @@ impl Conn {
                 // buffer: when a partition heals, TCP would deliver it and Redis would run
                 // decisions given up on long ago (a request ratelimit_fail denied counted, an
                 // ended request's slot written back). A reset drops it, as nginx's
-                // `reset_timedout_connection` does.
+                // `reset_timedout_connection` does. What already reached Redis's socket may still
+                // run: what such a late decision grants is released by the orphan sweep.
                 reset_on_close(conn.c());
             }
             let tls_pool = tls::shutdown(conn.c());
