@@ -8,6 +8,9 @@ one configuration so that start-up costs the same:
   none         no limiter
   limit_req    nginx's own limit_req, burst=1000000 nodelay (never rejects)
   exact        ratelimit, sliding_counter limit=10000000 window=60s, decided by Redis each time
+  exact_one    the same from one client: every decision its own call and write, so the row does
+               not move with how decisions happen to share them (a before/after of the exact
+               path's code is read here)
   lease        the same zone with lease=auto (admitted from this worker's reservations)
   lease_bare   the same, `ratelimit_headers off`: what the three headers cost nginx
   two_leases   two leased zones, per client address and per key
@@ -33,6 +36,7 @@ Usage: bench/instructions.py [--runs 3] [--label TEXT] [--out FILE] [--only a,b]
 """
 
 import argparse
+import functools
 import http.client
 import os
 import re
@@ -48,6 +52,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENTS = 4
+# Contenders driven by fewer clients than CLIENTS (their warm-up still uses CLIENTS).
+CLIENTS_OF = {"exact_one": 1}
 IDS = [b"b0", b"b1", b"b2", b"b3"]
 WARMUP = 400
 # The module's functions in callgrind's names (the crate is ngx_http_ratelimit), and Rust's
@@ -59,6 +65,7 @@ CONTENDERS = [
     ("none", "/none/", "no limiter"),
     ("limit_req", "/lr/", "`limit_req` burst=1000000 nodelay"),
     ("exact", "/exact/", "`ratelimit` exact"),
+    ("exact_one", "/exact/", "`ratelimit` exact, one client (a call per decision)"),
     ("lease", "/lease/", "`ratelimit` lease=auto"),
     ("lease_bare", "/bare/", "`ratelimit` lease=auto, `ratelimit_headers off`"),
     ("two_leases", "/two/", "`ratelimit` two leased zones (address, key)"),
@@ -156,8 +163,8 @@ def wait_port(port, proc, what, seconds=60):
     die(f"{what} did not listen on {port}")
 
 
-def drive(port, path, count):
-    """count requests from CLIENTS keep-alive connections, ids in turn; returns the statuses."""
+def drive(port, path, count, clients=CLIENTS):
+    """count requests from `clients` keep-alive connections, ids in turn; returns the statuses."""
     statuses = {}
     lock = threading.Lock()
     errors = []
@@ -166,7 +173,7 @@ def drive(port, path, count):
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             mine = {}
-            for i in range(c, count, CLIENTS):
+            for i in range(c, count, clients):
                 conn.request("GET", path, headers={"X-Consumer-Id": IDS[i % len(IDS)]})
                 resp = conn.getresponse()
                 resp.read()
@@ -178,7 +185,7 @@ def drive(port, path, count):
         except Exception as e:  # reported once the threads are joined
             errors.append(e)
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(CLIENTS)]
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -404,7 +411,8 @@ def main():
             for run in range(args.runs):
                 lives = {}
                 for n in (args.small, args.large):
-                    out, warm, got = bed.life(name, path, n, run)
+                    driver = functools.partial(drive, clients=CLIENTS_OF.get(name, CLIENTS))
+                    out, warm, got = bed.life(name, path, n, run, driver=driver)
                     total, allocs = parse_callgrind(out, args.module)
                     lives[n] = (out, total, allocs, got)
                 ir = (lives[args.large][1] - lives[args.small][1]) / span
