@@ -79,6 +79,10 @@ impl Args {
         self.zones
     }
 
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
     /// The Cluster slot all the keys share, if they do: one script call touches one slot.
     /// Read back from the encoded keys, so that only a Cluster pays for it.
     pub fn slot(&self) -> Option<u16> {

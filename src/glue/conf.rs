@@ -19,7 +19,7 @@ use crate::decide::key::prefix_tag;
 use crate::decide::lease::{LeaseConf, Leases};
 use crate::decide::local_limit::LocalLimiter;
 use crate::decide::quota::Period;
-use crate::decide::script::{Algorithm, EncodedFigures};
+use crate::decide::script::{Algorithm, EncodedFigures, Spare};
 use crate::decide::settle;
 use crate::decide::slots::Slots;
 use crate::decide::table_key::TableHead;
@@ -142,6 +142,8 @@ pub struct MainConf {
     pub slots: RefCell<Option<Slots>>,
     /// This worker's counters for `ratelimit_fail local`, created on the first local decision.
     pub local: RefCell<Option<LocalLimiter>>,
+    /// Room this worker keeps between decisions for their arguments and verdicts.
+    pub spare: RefCell<Spare>,
     /// `ratelimit_fail_local_size`: the bytes those counters may take per worker.
     pub local_size: Option<u64>,
     /// Requests of this worker waiting for their turn (`delay=`), and those whose decision is
@@ -196,6 +198,7 @@ impl Default for MainConf {
             leases: RefCell::new(None),
             slots: RefCell::new(None),
             local: RefCell::new(None),
+            spare: RefCell::new(Spare::default()),
             local_size: None,
             waiting: Cell::new(0),
             settlements: RefCell::new(None),

@@ -114,10 +114,20 @@ impl EncodedArgs {
         zones: impl ExactSizeIterator<Item = ZoneArgs<'a>> + Clone,
         now_ms: Option<u64>,
     ) -> Self {
+        Self::new_in(Vec::new(), zones, now_ms)
+    }
+
+    /// [`EncodedArgs::new`], written in `room` (kept from an earlier decision: no allocation).
+    pub fn new_in<'a>(
+        room: Vec<u8>,
+        zones: impl ExactSizeIterator<Item = ZoneArgs<'a>> + Clone,
+        now_ms: Option<u64>,
+    ) -> Self {
         let count = zones.len();
         let key_len = |z: &ZoneArgs<'_>| z.key.parts().iter().map(|p| p.len()).sum::<usize>();
-        let mut bytes =
-            Vec::with_capacity(40 + zones.clone().map(|z| key_len(&z) + 96).sum::<usize>());
+        let mut bytes = room;
+        bytes.clear();
+        bytes.reserve(40 + zones.clone().map(|z| key_len(&z) + 96).sum::<usize>());
         for z in zones.clone() {
             resp::put_bulk_parts(&mut bytes, &z.key.parts());
         }
@@ -224,6 +234,11 @@ impl EncodedArgs {
     /// The share of a script call that carries it.
     pub fn call(&self) -> &Args {
         &self.call
+    }
+
+    /// Its buffer, for [`EncodedArgs::new_in`] to write another decision in.
+    pub fn into_room(self) -> Vec<u8> {
+        self.call.into_bytes()
     }
 }
 

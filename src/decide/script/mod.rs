@@ -10,11 +10,15 @@ use crate::decide::params::MAX_LIMIT;
 
 mod args;
 mod reply;
+mod spare;
 #[cfg(test)]
 mod tests;
 
 pub use args::{EncodedArgs, EncodedFigures, Place, SlotOp, SlotRef, ZoneArgs};
-pub use reply::{decode_decision, decode_reply, Decision, ReplyError, ZoneVerdict};
+pub use reply::{
+    decode_decision, decode_reply, decode_reply_in, Decision, ReplyError, ZoneVerdict,
+};
+pub use spare::Spare;
 
 /// The decision script. The files in `lua/` are the single source of truth; tests that run the
 /// script directly (`t/lib/RLTest/Script.pm`) read this list to assemble it the same way.

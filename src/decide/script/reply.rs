@@ -56,12 +56,21 @@ pub enum ReplyError {
 
 /// Reads the script's reply for a decision over `zones` zones, none asking for a reservation.
 pub fn decode_decision(reply: View<'_>, zones: usize) -> Result<Decision, ReplyError> {
-    decode_args_reply(reply, zones, |_| false)
+    decode_args_reply(reply, zones, |_| false, Vec::new())
 }
 
 /// Reads the script's reply for the decision `args` encoded.
 pub fn decode_reply(reply: View<'_>, args: &EncodedArgs) -> Result<Decision, ReplyError> {
-    decode_args_reply(reply, args.call().zones(), |i| args.leased(i))
+    decode_reply_in(reply, args, Vec::new())
+}
+
+/// [`decode_reply`], its verdicts in `room` (kept from an earlier decision: no allocation).
+pub fn decode_reply_in(
+    reply: View<'_>,
+    args: &EncodedArgs,
+    room: Vec<ZoneVerdict>,
+) -> Result<Decision, ReplyError> {
+    decode_args_reply(reply, args.call().zones(), |i| args.leased(i), room)
 }
 
 /// A zone that asked for a reservation or may wait answers seven fields, the others three. The
@@ -70,6 +79,7 @@ fn decode_args_reply(
     reply: View<'_>,
     zones: usize,
     leased: impl Fn(usize) -> bool,
+    mut verdicts: Vec<ZoneVerdict>,
 ) -> Result<Decision, ReplyError> {
     let len = 1 + (0..zones).map(|z| if leased(z) { 7 } else { 3 }).sum::<usize>();
     let mut items = match reply.items() {
@@ -94,7 +104,8 @@ fn decode_args_reply(
         _ => return Err(ReplyError::Unexpected),
     };
     // Sized once: collecting results through an iterator of `Result`s starts small and grows.
-    let mut verdicts = Vec::with_capacity(zones);
+    verdicts.clear();
+    verdicts.reserve(zones);
     for z in 0..zones {
         let mut v = ZoneVerdict {
             ok: int()? == 1,

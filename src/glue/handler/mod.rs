@@ -492,9 +492,17 @@ pub unsafe fn find_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
 /// pending reply, its encoded arguments), in the one pool cleanup a request adds. A request
 /// answered from this worker's memory has nothing to release and nothing to free.
 unsafe extern "C" fn release(data: *mut c_void) {
-    if (*(data as *mut Ctx)).asked {
+    let ctx = &mut *(data as *mut Ctx);
+    if ctx.asked {
         cleanup(data);
-        ptr::drop_in_place(data as *mut Ctx);
+        // SAFETY: the request's configuration outlives it (null only if it had none).
+        if let Some(mcf) = ctx.mcf.as_ref() {
+            let mut spare = mcf.spare.borrow_mut();
+            for i in 0..=ctx.more.len() {
+                spare.keep_args(core::mem::take(&mut (*part_ptr(ctx, i)).args).into_room());
+            }
+        }
+        ptr::drop_in_place(ctx);
     }
 }
 
@@ -583,12 +591,14 @@ unsafe fn decide(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
         remember_rejection(ctx, mcf, &d);
     }
     if d.wait_ms > 0 {
-        return delayed(ctx, &d);
+        delayed(ctx, &d);
+    } else {
+        if d.allowed {
+            admitted(ctx, mcf, &mut d, core::iter::once(0..ctx.zones.len()));
+        }
+        record(ctx, &d);
     }
-    if d.allowed {
-        admitted(ctx, mcf, &mut d, core::iter::once(0..ctx.zones.len()));
-    }
-    record(ctx, &d);
+    mcf.spare.borrow_mut().keep_verdicts(d.zones);
 }
 
 /// What an admitted request keeps of its decision: a settling zone's place, reservations

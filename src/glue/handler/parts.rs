@@ -78,7 +78,8 @@ pub(super) unsafe fn ask(
     now: Option<u64>,
 ) -> bool {
     let zones = zones[part.range()].iter();
-    part.args = EncodedArgs::new(zones.map(|z| z.args(&mcf.zones[z.zone], several)), now);
+    let room = mcf.spare.borrow_mut().args();
+    part.args = EncodedArgs::new_in(room, zones.map(|z| z.args(&mcf.zones[z.zone], several)), now);
     let Some(redis) = mcf.redis(part.backend) else { return false };
     // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
     part.cross_slot = redis.cluster && part.args.call().slot().is_none();
@@ -197,7 +198,8 @@ pub(super) unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<D
         return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
     }
     let result = part.waiter.result.take().unwrap_or(Err(RedisError::Timeout));
-    match result.map(|reply| script::decode_reply(reply.view(), &part.args)) {
+    let room = mcf.spare.borrow_mut().verdicts();
+    match result.map(|reply| script::decode_reply_in(reply.view(), &part.args, room)) {
         Ok(Ok(d)) => Ok(d),
         Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
             Err(Failure::WrongType(wrong_type_keys(&ctx.zones[range])))
