@@ -56,7 +56,8 @@ impl EncodedFigures {
     pub fn new(algorithm: Algorithm, limit: u64, window_ms: u64, cost: u64, burst: u64) -> Self {
         let burst = sent_burst(algorithm, burst);
         let mut bytes = Vec::with_capacity(64);
-        put_figures(&mut bytes, limit, window_ms, cost, burst);
+        put_figures(&mut bytes, limit, window_ms, cost);
+        resp::put_bulk_int(&mut bytes, burst);
         EncodedFigures { limit, window_ms, cost, burst, bytes: bytes.into_boxed_slice() }
     }
 
@@ -77,11 +78,11 @@ fn sent_burst(algorithm: Algorithm, burst: u64) -> u64 {
     }
 }
 
-fn put_figures(bytes: &mut Vec<u8>, limit: u64, window_ms: u64, cost: u64, burst: u64) {
+/// A zone's first three figures; the member or the burst follows.
+fn put_figures(bytes: &mut Vec<u8>, limit: u64, window_ms: u64, cost: u64) {
     resp::put_bulk_int(bytes, limit);
     resp::put_bulk_int(bytes, window_ms);
     resp::put_bulk_int(bytes, cost);
-    resp::put_bulk_int(bytes, burst);
 }
 
 /// Why a zone's cost is recorded as a placement even when admitted now.
@@ -164,16 +165,13 @@ impl EncodedArgs {
                 resp::put_bulk(&mut bytes, field.get().unwrap_or(code));
             }
             match (z.member, z.figures) {
-                (Some(id), _) => {
-                    resp::put_bulk_int(&mut bytes, z.limit);
-                    resp::put_bulk_int(&mut bytes, z.window_ms);
-                    resp::put_bulk_int(&mut bytes, z.cost);
-                    resp::put_bulk(&mut bytes, id);
-                }
                 (None, Some(f)) if f.of(&z) => bytes.extend_from_slice(&f.bytes),
-                (None, _) => {
-                    let burst = sent_burst(z.algorithm, z.burst);
-                    put_figures(&mut bytes, z.limit, z.window_ms, z.cost, burst);
+                (member, _) => {
+                    put_figures(&mut bytes, z.limit, z.window_ms, z.cost);
+                    match member {
+                        Some(id) => resp::put_bulk(&mut bytes, id),
+                        None => resp::put_bulk_int(&mut bytes, sent_burst(z.algorithm, z.burst)),
+                    }
                 }
             }
         }
