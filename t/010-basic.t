@@ -192,7 +192,33 @@ ZCARD rl:api:a => 1
 
 
 
-=== TEST 11: a key longer than 4 KiB is stored as its SHA-1
+=== TEST 11: a key that is one variable alone, in braces, or a regex capture
+--- http_config
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
+    ratelimit_zone braces key=${arg_k} limit=1 window=10s clock=nginx;
+    ratelimit_zone capture key=$1 limit=1 window=10s clock=nginx;
+--- config
+    location /b { ratelimit braces; add_header X-RL $ratelimit_status always; try_files /index.html =404; }
+    location ~ ^/c/(\w+)$ {
+        ratelimit capture;
+        add_header X-RL $ratelimit_status always;
+        try_files /index.html =404;
+    }
+--- request eval
+["GET /b?k=a", "GET /b?k=a", "GET /b", "GET /c/x", "GET /c/x", "GET /c/y"]
+--- error_code eval
+[200, 429, 200, 200, 429, 200]
+--- response_headers eval
+["X-RL: PASSED", "X-RL: REJECTED", "X-RL: SKIPPED", "X-RL: PASSED", "X-RL: REJECTED", "X-RL: PASSED"]
+--- rl_redis_check
+DBSIZE => 3
+ZCARD rl:braces:a => 1
+ZCARD rl:capture:x => 1
+ZCARD rl:capture:y => 1
+
+
+
+=== TEST 12: a key longer than 4 KiB is stored as its SHA-1
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$http_x_key limit=1 window=10s clock=nginx;
@@ -210,7 +236,7 @@ use Digest::SHA 'sha1_hex';
 
 
 
-=== TEST 12: a key of exactly 4096 bytes is kept as it is, 4097 is hashed
+=== TEST 13: a key of exactly 4096 bytes is kept as it is, 4097 is hashed
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$http_x_key limit=1 window=10s clock=nginx;
@@ -229,7 +255,7 @@ use Digest::SHA 'sha1_hex';
 
 
 
-=== TEST 13: binary and composite keys, custom prefix
+=== TEST 14: binary and composite keys, custom prefix
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=test:;
     ratelimit_zone ip key=$binary_remote_addr limit=5 window=10s clock=nginx;
@@ -248,7 +274,7 @@ DBSIZE => 2
 
 
 
-=== TEST 14: rejections are logged at ratelimit_log_level
+=== TEST 15: rejections are logged at ratelimit_log_level
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
@@ -265,7 +291,7 @@ qr/\[warn\] .*ratelimit: .*api/
 
 
 
-=== TEST 15: rejections below the error_log level are not logged
+=== TEST 16: rejections below the error_log level are not logged
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
@@ -281,7 +307,7 @@ ratelimit:
 
 
 
-=== TEST 16: an allowed request is not NGX_OK: satisfy any still needs deny to pass
+=== TEST 17: an allowed request is not NGX_OK: satisfy any still needs deny to pass
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=5 window=10s clock=nginx;
@@ -293,7 +319,7 @@ GET /t?k=a
 
 
 
-=== TEST 17: satisfy any with auth_basic: credentials still required
+=== TEST 18: satisfy any with auth_basic: credentials still required
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=5 window=10s clock=nginx;
@@ -317,7 +343,7 @@ user:{PLAIN}pass
 
 
 
-=== TEST 18: satisfy all: limiting and access rules both apply
+=== TEST 19: satisfy all: limiting and access rules both apply
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=1 window=10s clock=nginx;
@@ -330,7 +356,7 @@ user:{PLAIN}pass
 
 
 
-=== TEST 19: HEAD and POST are limited like GET
+=== TEST 20: HEAD and POST are limited like GET
 --- http_config
     ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT;
     ratelimit_zone api key=$arg_k limit=2 window=10s clock=nginx;

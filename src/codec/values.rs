@@ -68,6 +68,19 @@ pub fn split_param(arg: &str) -> Option<(&str, &str)> {
     arg.split_once('=').filter(|(name, _)| !name.is_empty())
 }
 
+/// The variable's name when `value` is one variable and nothing else (`$name` or `${name}`), as
+/// nginx's script compiler reads names: letters, digits, `_`. A regex capture (`$1`) and
+/// anything else are not one: nginx's own compiler takes those.
+pub fn lone_variable(value: &[u8]) -> Option<&[u8]> {
+    let name = match value.strip_prefix(b"$")? {
+        [b'{', rest @ ..] => rest.strip_suffix(b"}")?,
+        rest => rest,
+    };
+    let is_name = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    let capture = matches!(name.first(), Some(b'1'..=b'9'));
+    (!name.is_empty() && !capture && name.iter().all(is_name)).then_some(name)
+}
+
 /// How `nginx -t` names a parameter it refuses without a value to blame, at `position` among
 /// the directive's arguments: by its name alone; a lone word as written only when it is one of
 /// the directive's parameter names (`is_name`), else by its position. A misspelt
@@ -84,6 +97,29 @@ pub fn unknown_param(arg: &str, position: usize, is_name: impl Fn(&str) -> bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lone_variables() {
+        assert_eq!(lone_variable(b"$binary_remote_addr"), Some(&b"binary_remote_addr"[..]));
+        assert_eq!(lone_variable(b"${http_x_api_key}"), Some(&b"http_x_api_key"[..]));
+        assert_eq!(lone_variable(b"$0x"), Some(&b"0x"[..]));
+        for not in [
+            &b""[..],
+            b"$",
+            b"${}",
+            b"${a",
+            b"$1",
+            b"$12",
+            b"x$a",
+            b"$a:$b",
+            b"$a.b",
+            b"${a}b",
+            b"$a-b",
+            b"plain",
+        ] {
+            assert_eq!(lone_variable(not), None, "{}", String::from_utf8_lossy(not));
+        }
+    }
 
     #[test]
     fn switches() {

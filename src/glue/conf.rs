@@ -7,8 +7,8 @@ use core::ptr;
 
 use ngx::core::NGX_CONF_ERROR;
 use ngx::ffi::{
-    ngx_conf_t, ngx_core_conf_t, ngx_core_module, ngx_cycle, ngx_http_complex_value_t, ngx_uint_t,
-    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_WARN,
+    ngx_conf_t, ngx_core_conf_t, ngx_core_module, ngx_cycle, ngx_uint_t, NGX_LOG_EMERG,
+    NGX_LOG_ERR, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
@@ -24,6 +24,7 @@ use crate::decide::settle;
 use crate::decide::slots::Slots;
 use crate::decide::table_key::TableHead;
 use crate::glue::module::RateLimit;
+use crate::glue::value::Value;
 use crate::metrics::store::Cells;
 use crate::metrics::Metrics;
 use crate::redis::conf::RedisConf;
@@ -43,7 +44,7 @@ pub enum Clock {
 pub enum Param {
     Fixed(u64),
     /// Compiled in the configuration pool.
-    Var(*mut ngx_http_complex_value_t),
+    Var(Value),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,14 +57,14 @@ pub enum FailPolicy {
 
 pub enum KeyPiece {
     /// Compiled in the configuration pool.
-    Value(*mut ngx_http_complex_value_t),
+    Value(Value),
     Brace(u8),
 }
 
 pub struct Zone {
     pub name: String,
     /// Compiled in the configuration pool.
-    pub key: *mut ngx_http_complex_value_t,
+    pub key: Value,
     /// The template as written: a shortened value keeps its literal head, and
     /// `ratelimit_admin` puts its `key=` where the variable is.
     pub key_text: Vec<u8>,
@@ -85,7 +86,7 @@ pub struct Zone {
     pub exact_key: bool,
     /// `member=request_id`: `$request_id`, compiled in the configuration pool; each admitted
     /// unit of the log is stored under the request's id instead of a compact integer.
-    pub member: Option<*mut ngx_http_complex_value_t>,
+    pub member: Option<Value>,
     /// `lease=` and `lease_time=` (`crate::decide::lease`); `None` for `lease=off`.
     pub lease: Option<LeaseConf>,
     /// Where it was declared, for errors found once the whole `http{}` block is read.
@@ -222,7 +223,7 @@ pub struct LimitRef {
     /// (0: none, rejected at once).
     pub delay_ms: u64,
     /// `settle=`: the value, evaluated when the request ends, that replaces the cost.
-    pub settle: Option<*mut ngx_http_complex_value_t>,
+    pub settle: Option<Value>,
     /// The zone's figures with this line's cost, encoded once when no variable sets them.
     pub figures: Option<EncodedFigures>,
     /// Where the line was, for errors found after parsing.

@@ -18,4 +18,5 @@ mod metrics_zone;
 pub mod module;
 mod request;
 mod settle;
+mod value;
 mod variables;

@@ -1,5 +1,5 @@
 //! A request's own helpers, shared by the access handler and `ratelimit_admin`: the gateway's
-//! wall clock, complex values and copies in the request's pool, a zone's Redis key for a key
+//! wall clock, copies in the request's pool, a zone's Redis key for a key
 //! value, and a waiter tied to the request's event, which completion and deadline both post.
 
 use core::ffi::c_void;
@@ -7,9 +7,8 @@ use core::ops::{Deref, DerefMut};
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_complex_value,
-    ngx_http_complex_value_t, ngx_http_request_t, ngx_palloc, ngx_pnalloc, ngx_str_t,
-    ngx_timeofday,
+    ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_request_t, ngx_palloc,
+    ngx_pnalloc, ngx_timeofday,
 };
 
 use crate::decide::key::{shorten, Key};
@@ -58,15 +57,6 @@ pub unsafe fn pool_copy(r: *mut ngx_http_request_t, bytes: &[u8]) -> Option<&'st
 pub unsafe fn wall_ms() -> u64 {
     let tp = ngx_timeofday();
     tp.sec as u64 * 1000 + tp.msec as u64
-}
-
-/// A complex value evaluated into the request's pool.
-pub unsafe fn eval(
-    r: *mut ngx_http_request_t,
-    cv: *mut ngx_http_complex_value_t,
-) -> Option<ngx_str_t> {
-    let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
-    (ngx_http_complex_value(r, cv, &mut value) == 0).then_some(value)
 }
 
 /// Makes `ev` the event that a completion of `waiter` posts, and that the deadline timer of

@@ -20,7 +20,6 @@ use crate::decide::status::Status;
 use crate::glue::giveback;
 use crate::glue::handler::{find_ctx, Ctx};
 use crate::glue::module::RateLimit;
-use crate::glue::request::eval;
 
 /// Registers the log-phase handler first among the phase's handlers, so that the access log's
 /// `$ratelimit_settled` reads the settlement it has made.
@@ -65,7 +64,7 @@ unsafe fn settle_request(ctx: &mut Ctx) {
         if estimate == 0 || z.placed.rid == 0 {
             continue;
         }
-        let value = eval(r, cv);
+        let value = cv.eval(r);
         let text = value.as_ref().map_or(&[][..], |v| v.as_bytes());
         let (value, s) = settle::settle(estimate, text);
         if value.is_none() && (*ptr::addr_of_mut!(BAD_SETTLE_LOG)).allow(z.zone, now) {

@@ -8,8 +8,7 @@ use core::ptr;
 
 use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
-    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_pcalloc, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG,
+    ngx_command_t, ngx_conf_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG,
     NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG, NGX_LOG_ERR,
     NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
@@ -23,6 +22,7 @@ use crate::decide::params::{limit_req_hint, parse_cost, parse_delay};
 use crate::decide::script::Algorithm;
 use crate::glue::conf::{FailPolicy, LimitRef, LocConf, MainConf, Param};
 use crate::glue::module::RateLimit;
+use crate::glue::value::Value;
 use crate::glue::{metrics_page, metrics_zone};
 use crate::redis::conf::is_param as is_redis_param;
 
@@ -247,30 +247,10 @@ unsafe fn number_or_variable(
 ) -> Option<Param> {
     let value = &text(arg)[name.len() + 1..];
     if value.contains('$') {
-        compile_complex_value(cf, arg, name.len() + 1).map(Param::Var)
+        Value::compile(cf, arg, name.len() + 1).map(Param::Var)
     } else {
         parse(value).map(Param::Fixed)
     }
-}
-
-/// Compiles the part of `arg` after `skip` bytes as a complex value (`$binary_remote_addr`,
-/// `"$host:$arg_k"`), in the configuration pool.
-unsafe fn compile_complex_value(
-    cf: *mut ngx_conf_t,
-    arg: &ngx_str_t,
-    skip: usize,
-) -> Option<*mut ngx_http_complex_value_t> {
-    let mut value = ngx_str_t { len: arg.len - skip, data: arg.data.add(skip) };
-    let cv = ngx_pcalloc((*cf).pool, size_of::<ngx_http_complex_value_t>())
-        as *mut ngx_http_complex_value_t;
-    if cv.is_null() {
-        return None;
-    }
-    let mut ccv: ngx_http_compile_complex_value_t = core::mem::zeroed();
-    ccv.cf = cf;
-    ccv.value = &mut value;
-    ccv.complex_value = cv;
-    (ngx_http_compile_complex_value(&mut ccv) == 0).then_some(cv)
 }
 
 unsafe extern "C" fn cmd_ratelimit(
@@ -327,7 +307,7 @@ unsafe extern "C" fn cmd_ratelimit(
                 }
             },
             Some(("settle", value)) if settle.is_none() => {
-                match (!value.is_empty()).then(|| compile_complex_value(cf, arg, "settle=".len())) {
+                match (!value.is_empty()).then(|| Value::compile(cf, arg, "settle=".len())) {
                     Some(Some(cv)) => settle = Some(cv),
                     _ => return invalid(cf, "value", s),
                 }

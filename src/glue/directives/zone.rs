@@ -8,9 +8,7 @@ use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_str_t, NGX_LOG_EMERG};
 use ngx::ngx_conf_log_error;
 
-use super::{
-    args, compile_complex_value, invalid, invalid_because, number_or_variable, text, unknown,
-};
+use super::{args, invalid, invalid_because, number_or_variable, text, unknown};
 use crate::codec::values::{parse_msec, parse_switch, parse_uint, split_param};
 use crate::decide::key::{split_braces, tag_template, Piece};
 use crate::decide::lease::{LeaseConf, LeaseSize, DEFAULT_LEASE_MS};
@@ -21,6 +19,7 @@ use crate::decide::quota::{parse_offset, Period, PeriodKind};
 use crate::decide::script::Algorithm;
 use crate::decide::slots::MIN_SLOT_MS;
 use crate::glue::conf::{Clock, KeyPiece, MainConf, Param, Zone, NO_BACKEND};
+use crate::glue::value::Value;
 
 pub(super) unsafe extern "C" fn cmd_zone(
     cf: *mut ngx_conf_t,
@@ -51,7 +50,7 @@ pub(super) unsafe extern "C" fn cmd_zone(
         let s = text(arg);
         let Some((param, value)) = split_param(s) else { return unknown(cf, s, i) };
         let ok = match param {
-            "key" => compile_complex_value(cf, arg, "key=".len()).and_then(|cv| {
+            "key" => Value::compile(cf, arg, "key=".len()).and_then(|cv| {
                 key = Some(cv);
                 key_text = value.as_bytes().to_vec();
                 key_pieces = compile_key_pieces(cf, value)?;
@@ -82,7 +81,7 @@ pub(super) unsafe extern "C" fn cmd_zone(
             "member" => match value {
                 "request_id" => {
                     let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
-                    compile_complex_value(cf, &id, 0).map(|cv| member = Some(cv))
+                    Value::compile(cf, &id, 0).map(|cv| member = Some(cv))
                 }
                 "integer" => {
                     member = None;
@@ -164,7 +163,7 @@ pub(super) unsafe extern "C" fn cmd_zone(
             }
             // The slot's member: the request's own id, unique across gateways.
             let id = ngx_str_t { len: 11, data: c"$request_id".as_ptr() as *mut u8 };
-            let Some(cv) = compile_complex_value(cf, &id, 0) else { return NGX_CONF_ERROR as _ };
+            let Some(cv) = Value::compile(cf, &id, 0) else { return NGX_CONF_ERROR as _ };
             member = Some(cv);
             Algorithm::Concurrency
         }
@@ -322,7 +321,7 @@ unsafe fn compile_key_pieces(cf: *mut ngx_conf_t, template: &str) -> Option<Vec<
             // The text points into the configuration's pool, as the whole template does.
             Piece::Text(t) => {
                 let s = ngx_str_t { len: t.len(), data: t.as_ptr() as *mut u8 };
-                KeyPiece::Value(compile_complex_value(cf, &s, 0)?)
+                KeyPiece::Value(Value::compile(cf, &s, 0)?)
             }
         });
     }

@@ -8,9 +8,8 @@ use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_current_msec, ngx_cycle, ngx_http_cleanup_add, ngx_http_complex_value_t,
-    ngx_http_request_t, ngx_http_test_reading, ngx_int_t, ngx_msec_t, ngx_palloc,
-    ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    ngx_current_msec, ngx_cycle, ngx_http_cleanup_add, ngx_http_request_t, ngx_http_test_reading,
+    ngx_int_t, ngx_msec_t, ngx_palloc, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -26,7 +25,8 @@ use crate::decide::table_key::{TableHead, TableKey};
 use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
 use crate::glue::giveback;
 use crate::glue::module::RateLimit;
-use crate::glue::request::{attach, detach, eval, pool_copy, wall_ms, zone_key, PoolVec};
+use crate::glue::request::{attach, detach, pool_copy, wall_ms, zone_key, PoolVec};
+use crate::glue::value::Value;
 use crate::redis::pool::WorkerPool;
 
 mod fail;
@@ -114,7 +114,7 @@ pub struct ZoneReq {
     /// In a location that may delay: this zone's `delay=` in ms (0 without).
     delay: Option<u64>,
     /// `settle=`: the value that replaces the cost when the request ends.
-    pub settle: Option<*mut ngx_http_complex_value_t>,
+    pub settle: Option<Value>,
     /// Its `ratelimit` line's figures, encoded once (in the configuration).
     figures: Option<&'static EncodedFigures>,
     /// Where Redis recorded the request in this zone: a delayed request's place, to give back
@@ -222,7 +222,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     for limit in lcf.limits() {
         let zone = &mcf.zones[limit.zone];
         let Some(redis) = mcf.redis(zone.backend) else { return NGX_ERROR as ngx_int_t };
-        let Some(value) = eval(r, zone.key) else { return NGX_ERROR as ngx_int_t };
+        let Some(value) = zone.key.eval(r) else { return NGX_ERROR as ngx_int_t };
         // An empty key is not limited, as in limit_req.
         if value.len == 0 {
             continue;
@@ -254,7 +254,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         let Some(key) = zone_key(r, redis, zone, value) else { return NGX_ERROR as ngx_int_t };
         let member = match zone.member {
             // SAFETY: the value lives in the request's pool, as the context does.
-            Some(cv) => match eval(r, cv) {
+            Some(cv) => match cv.eval(r) {
                 Some(id) => Some(core::slice::from_raw_parts(id.data, id.len)),
                 None => return NGX_ERROR as ngx_int_t,
             },
@@ -379,7 +379,7 @@ unsafe fn cluster_key_value(
             pieces.push(match *piece {
                 KeyPiece::Brace(b) => Piece::Brace(b),
                 KeyPiece::Value(cv) => {
-                    let v = eval(r, cv)?;
+                    let v = cv.eval(r)?;
                     // SAFETY: evaluated into the request's pool, which outlives this call.
                     Piece::Text(if v.len == 0 {
                         &[]
@@ -406,7 +406,7 @@ unsafe fn param(
         Param::Fixed(n) => return Ok(n),
         Param::Var(cv) => cv,
     };
-    let value = eval(r, cv).ok_or(None)?;
+    let value = cv.eval(r).ok_or(None)?;
     let bytes = value.as_bytes();
     core::str::from_utf8(bytes)
         .ok()
