@@ -28,7 +28,7 @@ pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure:
     }
     ctx.status = status;
     // One backend decides the whole location: its line names no backend.
-    log_failure(ctx, status, no_room, &failure, ctx.part.backend, "");
+    log_failure(ctx, status, no_room, &failure, ctx.part.as_ref().map_or(0, |p| p.backend), "");
 }
 
 /// With several backends, what the policy makes of the zones `range` of `backend`, which could

@@ -40,7 +40,7 @@ use memory::{
     admitted_from_reservations, answered, hear_changes, keep_reservations, rejected_from_memory,
     release_slots, remember_rejection, take_slots,
 };
-use parts::{answer, ask, decide_several, part_ptr, undo, Part};
+use parts::{answer, ask, asked_parts, decide_several, part_ptr, undo, Part};
 use respond::apply;
 use wake::on_event;
 
@@ -55,8 +55,9 @@ pub struct Ctx {
     /// Went past this worker's memory (`cleanup_at_end`): only such a request can have parts
     /// on their way, slots, or a wait to end, or fill a list or part of this context.
     asked: bool,
-    /// The decision asked of the first (often the only) backend of the location's zones ...
-    part: Part,
+    /// The decision asked of the first (often the only) backend of the location's zones, from
+    /// when it is asked: a request answered from memory never writes its event and buffers ...
+    part: Option<Part>,
     /// ... and of each other one, asked at the same time (`LocConf::several`).
     more: Box<[Part]>,
     /// When the decision was asked for: a rejection is remembered from then, so the memory
@@ -342,11 +343,12 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         }
         ctx.more = more.into_boxed_slice();
     }
-    (ctx.part.backend, ctx.part.to) = (first, split.unwrap_or(n));
+    let part = ctx.part.insert(Part::new(me, first, 0, split.unwrap_or(n)));
+    attach(&mut part.waiter, &mut part.ev, on_event, r);
     // A request whose keys are all on one backend (the others' empty) places nothing to undo:
     // no other backend can refuse it.
     let several = split.is_some();
-    let sent = ask(&ctx.zones, &mut ctx.part, several, mcf, now);
+    let sent = ask(&ctx.zones, part, several, mcf, now);
     for part in ctx.more.iter_mut() {
         attach(&mut part.waiter, &mut part.ev, on_event, r);
         ask(&ctx.zones, part, several, mcf, now);
@@ -423,7 +425,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         status: Status::Pending,
         applied: false,
         asked: false,
-        part: Part::new(ctx.as_ptr(), 0, 0, 0),
+        part: None,
         more: Box::default(),
         started: 0,
         asked_ms: 0,
@@ -448,8 +450,6 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     }
     (*anchor).handler = Some(release);
     (*anchor).data = ctx.as_ptr() as *mut c_void;
-    let c = &mut *ctx.as_ptr();
-    attach(&mut c.part.waiter, &mut c.part.ev, on_event, r);
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
     Some(ctx)
 }
@@ -498,7 +498,7 @@ unsafe extern "C" fn release(data: *mut c_void) {
         // SAFETY: the request's configuration outlives it (null only if it had none).
         if let Some(mcf) = ctx.mcf.as_ref() {
             let mut spare = mcf.spare.borrow_mut();
-            for i in 0..=ctx.more.len() {
+            for i in 0..asked_parts(ctx) {
                 spare.keep_args(core::mem::take(&mut (*part_ptr(ctx, i)).args).into_room());
             }
         }
@@ -515,7 +515,7 @@ unsafe extern "C" fn release(data: *mut c_void) {
 unsafe extern "C" fn cleanup(data: *mut c_void) {
     let ctx = &mut *(data as *mut Ctx);
     let several = !ctx.more.is_empty();
-    for i in 0..=ctx.more.len() {
+    for i in 0..asked_parts(ctx) {
         let part = &mut *part_ptr(ctx, i);
         let range = part.range();
         if let Some(token) = part.waiter.token.take() {

@@ -93,10 +93,16 @@ pub(super) unsafe fn ask(
 
 /// Part `i` of the request's decision: the first, then the others.
 pub(super) fn part_ptr(ctx: &mut Ctx, i: usize) -> *mut Part {
-    match i {
-        0 => &mut ctx.part,
-        i => &mut ctx.more[i - 1],
+    match (i, ctx.part.as_mut()) {
+        (0, Some(part)) => part,
+        (0, None) => ptr::null_mut(),
+        (i, _) => &mut ctx.more[i - 1],
     }
+}
+
+/// How many parts the request asked: none if answered from memory.
+pub(super) fn asked_parts(ctx: &Ctx) -> usize {
+    ctx.part.as_ref().map_or(0, |_| 1 + ctx.more.len())
 }
 
 /// A backend admitted the request in the zones `range` while it is refused: what it placed
@@ -120,7 +126,7 @@ pub(super) unsafe fn undo(ctx: &mut Ctx, range: Range<usize>, d: &Decision) {
 /// A location on several backends: admitted only if every one admits (or its failure's policy
 /// does); what one admitted goes back at once when another refuses.
 pub(super) unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
-    let parts = ctx.more.len() + 1;
+    let parts = asked_parts(ctx);
     let mut all =
         Decision { allowed: true, wait_ms: 0, zones: Vec::with_capacity(ctx.zones.len()) };
     // What each backend said (`None`: it could not decide, and its policy stood in).

@@ -89,7 +89,7 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
     }
     part.done = true;
     // Decided once every backend has answered: the slowest one's time.
-    if !ctx.part.done || ctx.more.iter().any(|p| !p.done) {
+    if ctx.part.as_ref().is_some_and(|p| !p.done) || ctx.more.iter().any(|p| !p.done) {
         return;
     }
     decide(ctx, lcf, mcf);
@@ -99,7 +99,9 @@ pub(super) unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
         ctx.waiting = true;
         mcf.metrics.get().delay(ctx.wait_ms);
         log_delay(ctx, lcf, mcf);
-        ngx_add_timer(&mut ctx.part.ev, ctx.wait_ms as ngx_msec_t);
+        if let Some(part) = ctx.part.as_mut() {
+            ngx_add_timer(&mut part.ev, ctx.wait_ms as ngx_msec_t);
+        }
         return;
     }
     leave_waiting_count(ctx, mcf);
