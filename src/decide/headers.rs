@@ -17,6 +17,8 @@ pub enum HeaderMode {
 pub struct Quota<'a> {
     pub zone: &'a str,
     pub limit: u64,
+    /// `limit` in decimal when it is written already (a `ratelimit` line's fixed figures).
+    pub limit_digits: Option<&'a [u8]>,
     /// 0 for a balance: it has no window, and waiting does not refill it.
     pub window_ms: u64,
     pub remaining: u64,
@@ -97,6 +99,9 @@ pub fn format<'a>(
     mut emit: impl FnMut(&'static Name, &[u8]) -> Option<()>,
 ) -> Option<()> {
     let reset = ceil_secs(q.reset_ms);
+    if let (HeaderMode::Legacy, Some(digits)) = (mode, q.limit_digits) {
+        emit(&LIMIT, digits)?;
+    }
     let mut v = Text::new(out);
     // `room` counts every value at its longest, so they always fit.
     let mut put = |name: &'static Name, value: &mut Text<&mut [u8]>| {
@@ -107,7 +112,9 @@ pub fn format<'a>(
     match mode {
         HeaderMode::Off => {}
         HeaderMode::Legacy => {
-            put(&LIMIT, v.num(q.limit))?;
+            if q.limit_digits.is_none() {
+                put(&LIMIT, v.num(q.limit))?;
+            }
             put(&REMAINING, v.num(q.remaining))?;
             put(&RESET, v.num(reset))?;
         }
@@ -163,6 +170,7 @@ mod tests {
         Quota {
             zone: "api",
             limit: 100,
+            limit_digits: None,
             window_ms: 60_000,
             remaining: if rejected { 0 } else { 42 },
             reset_ms: 16_001,
@@ -180,6 +188,8 @@ mod tests {
                 ("RateLimit-Reset", "17".to_string()),
             ]
         );
+        let written = Quota { limit_digits: Some(b"100"), ..quota(false) };
+        assert_eq!(format(HeaderMode::Legacy, &written), format(HeaderMode::Legacy, &quota(false)));
     }
 
     #[test]

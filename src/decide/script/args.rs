@@ -49,6 +49,8 @@ pub struct EncodedFigures {
     cost: u64,
     burst: u64,
     bytes: Box<[u8]>,
+    /// Where the limit's digits lie in `bytes`.
+    limit_digits: core::ops::Range<usize>,
 }
 
 impl EncodedFigures {
@@ -58,7 +60,17 @@ impl EncodedFigures {
         let mut bytes = Vec::with_capacity(64);
         put_figures(&mut bytes, limit, window_ms, cost);
         resp::put_bulk_int(&mut bytes, burst);
-        EncodedFigures { limit, window_ms, cost, burst, bytes: bytes.into_boxed_slice() }
+        // `$<length>\r\n<digits>\r\n` first.
+        let start = bytes.iter().position(|&b| b == b'\n').map_or(0, |at| at + 1);
+        let end = start + bytes[start..].iter().position(|&b| b == b'\r').unwrap_or(0);
+        let bytes = bytes.into_boxed_slice();
+        EncodedFigures { limit, window_ms, cost, burst, bytes, limit_digits: start..end }
+    }
+
+    /// The limit in decimal, when a request's `limit` is this line's: the legacy
+    /// `RateLimit-Limit` value, sent from here rather than written again per request.
+    pub fn limit_digits(&self, limit: u64) -> Option<&[u8]> {
+        (limit == self.limit).then(|| &self.bytes[self.limit_digits.clone()])
     }
 
     /// Whether these are `z`'s figures: a request may change its own (`ratelimit_fail local`'s

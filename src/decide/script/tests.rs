@@ -42,6 +42,8 @@ fn figures_encoded_once_are_the_bytes_a_request_formats() {
         let z = zone(Key::new(b"rl:", b"api", b"a"), alg, 3);
         let plain = EncodedArgs::new([z].into_iter(), Some(5));
         let fixed = EncodedFigures::new(alg, 100, 60_000, 3, 7);
+        assert_eq!(fixed.limit_digits(100), Some(&b"100"[..]), "{alg:?}");
+        assert_eq!(fixed.limit_digits(50), None, "{alg:?}");
         let copied =
             EncodedArgs::new([ZoneArgs { figures: Some(&fixed), ..z }].into_iter(), Some(5));
         assert_eq!(copied, plain, "{alg:?}");
@@ -60,6 +62,14 @@ fn figures_encoded_once_are_the_bytes_a_request_formats() {
                 EncodedArgs::new([o].into_iter(), None)
             );
         }
+    }
+}
+
+#[test]
+fn a_limit_of_any_length_has_its_digits() {
+    for limit in [0, 7, 10_000_000, u64::MAX] {
+        let fixed = EncodedFigures::new(Algorithm::SlidingCounter, limit, 1_000, 1, 0);
+        assert_eq!(fixed.limit_digits(limit), Some(limit.to_string().as_bytes()));
     }
 }
 

@@ -39,6 +39,7 @@ pub(super) unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_
         let quota = Quota {
             zone: name,
             limit,
+            limit_digits: z.figures.and_then(|f| f.limit_digits(limit)),
             // A concurrency zone announces no window, yet waiting does free slots: its
             // rejection says when to retry.
             window_ms: if concurrency { window_ms } else { policy_window(mcf, z) },
@@ -113,7 +114,7 @@ fn policy_window(mcf: &MainConf, z: &ZoneReq) -> u64 {
 }
 
 /// Adds a response header; it is sent with an allowed response and with the rejection alike.
-/// `value` lies in the request's pool.
+/// `value` lies in the request's pool or in the configuration.
 unsafe fn add_header(r: *mut ngx_http_request_t, name: &'static Name, value: &[u8]) -> Option<()> {
     let h = ngx_list_push(&mut (*r).headers_out.headers) as *mut ngx_table_elt_t;
     if h.is_null() {
