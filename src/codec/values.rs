@@ -68,17 +68,45 @@ pub fn split_param(arg: &str) -> Option<(&str, &str)> {
     arg.split_once('=').filter(|(name, _)| !name.is_empty())
 }
 
-/// The variable's name when `value` is one variable and nothing else (`$name` or `${name}`), as
-/// nginx's script compiler reads names: letters, digits, `_`. A regex capture (`$1`) and
-/// anything else are not one: nginx's own compiler takes those.
+/// The byte range of the one variable (`$name` or `${name}`) of a value (a key template); `None` when it
+/// has none or several.
+pub fn one_variable(template: &[u8]) -> Option<(usize, usize)> {
+    let mut found = None;
+    let mut i = 0;
+    while i < template.len() {
+        if template[i] != b'$' {
+            i += 1;
+            continue;
+        }
+        let end = if template.get(i + 1) == Some(&b'{') {
+            i + 2 + template[i + 2..].iter().position(|&b| b == b'}')? + 1
+        } else {
+            i + 1 + template[i + 1..].iter().take_while(|b| is_name(b)).count()
+        };
+        if found.replace((i, end)).is_some() {
+            return None;
+        }
+        i = end;
+    }
+    found
+}
+
+/// The variable's name when `value` is one variable and nothing else ([`one_variable`] from its
+/// first byte to its last), as nginx's script compiler reads names: letters, digits, `_`. A
+/// regex capture (`$1`) is not one: nginx's own compiler takes those.
 pub fn lone_variable(value: &[u8]) -> Option<&[u8]> {
-    let name = match value.strip_prefix(b"$")? {
-        [b'{', rest @ ..] => rest.strip_suffix(b"}")?,
-        rest => rest,
-    };
-    let is_name = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    if one_variable(value)? != (0, value.len()) {
+        return None;
+    }
+    let name = &value[1..];
+    let name = name.strip_prefix(b"{").map_or(name, |n| &n[..n.len() - 1]);
     let capture = matches!(name.first(), Some(b'1'..=b'9'));
     (!name.is_empty() && !capture && name.iter().all(is_name)).then_some(name)
+}
+
+/// A byte of a variable's name.
+fn is_name(b: &u8) -> bool {
+    b.is_ascii_alphanumeric() || *b == b'_'
 }
 
 /// How `nginx -t` names a parameter it refuses without a value to blame, at `position` among
@@ -97,6 +125,14 @@ pub fn unknown_param(arg: &str, position: usize, is_name: impl Fn(&str) -> bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_variable_of_a_template() {
+        assert_eq!(one_variable(b"cr:$arg_k"), Some((3, 9)));
+        assert_eq!(one_variable(b"${http_x}:a"), Some((0, 9)));
+        assert_eq!(one_variable(b"$a:$b"), None);
+        assert_eq!(one_variable(b"plain"), None);
+    }
 
     #[test]
     fn lone_variables() {

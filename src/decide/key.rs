@@ -1,6 +1,8 @@
 //! Redis key building: `<prefix><zone>:<key>`, or the key value alone (`exact_key=on`, for keys
 //! another limiter writes).
 
+use crate::codec::values::one_variable;
+
 /// Key values longer than this are shortened ([`shorten`]), so one client cannot make every
 /// decision carry (and Redis store) a huge key.
 pub const MAX_RAW_KEY: usize = 4096;
@@ -107,30 +109,6 @@ pub fn substitute(template: &[u8], given: &[u8], escape: bool) -> Option<Vec<u8>
         Some(t) => Piece::Text(t),
         None => *p,
     })))
-}
-
-/// The byte range of the one variable (`$name` or `${name}`) of a key template; `None` when it
-/// has none or several.
-pub fn one_variable(template: &[u8]) -> Option<(usize, usize)> {
-    let name = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
-    let mut found = None;
-    let mut i = 0;
-    while i < template.len() {
-        if template[i] != b'$' {
-            i += 1;
-            continue;
-        }
-        let end = if template.get(i + 1) == Some(&b'{') {
-            i + 2 + template[i + 2..].iter().position(|&b| b == b'}')? + 1
-        } else {
-            i + 1 + template[i + 1..].iter().take_while(|b| name(b)).count()
-        };
-        if found.replace((i, end)).is_some() {
-            return None;
-        }
-        i = end;
-    }
-    found
 }
 
 /// `%XX` sequences decoded, as an operator writes a key with reserved characters in a query
@@ -335,10 +313,6 @@ mod tests {
 
     #[test]
     fn admin_values_are_what_requests_evaluate() {
-        assert_eq!(one_variable(b"cr:$arg_k"), Some((3, 9)));
-        assert_eq!(one_variable(b"${http_x}:a"), Some((0, 9)));
-        assert_eq!(one_variable(b"$a:$b"), None);
-        assert_eq!(one_variable(b"plain"), None);
         assert_eq!(substitute(b"cr:$arg_k", b"bob", false).unwrap(), b"cr:bob");
         assert_eq!(substitute(b"$consumer", b"bo{b", false).unwrap(), b"bo{b");
         // Cluster: the template's braces make the tag, the given value is escaped.

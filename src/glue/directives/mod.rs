@@ -16,7 +16,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_conf_log_error, ngx_string};
 
-use crate::codec::values::{parse_size, parse_uint, split_param, unknown_param};
+use crate::codec::values::{one_variable, parse_size, parse_uint, split_param, unknown_param};
 use crate::decide::headers::HeaderMode;
 use crate::decide::params::{limit_req_hint, parse_cost, parse_delay};
 use crate::decide::script::Algorithm;
@@ -223,7 +223,7 @@ unsafe extern "C" fn cmd_admin(
         return NGX_CONF_ERROR as _;
     };
     let template = &mcf.zones[zone].key_text;
-    if crate::decide::key::one_variable(template).is_none() {
+    if one_variable(template).is_none() {
         let template = String::from_utf8_lossy(template);
         ngx_conf_log_error!(
             NGX_LOG_EMERG,
