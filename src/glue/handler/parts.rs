@@ -91,12 +91,11 @@ pub(super) unsafe fn ask(
     true
 }
 
-/// Part `i` of the request's decision: the first, then the others.
+/// Part `i` (below [`asked_parts`]) of the request's decision: the first, then the others.
 pub(super) fn part_ptr(ctx: &mut Ctx, i: usize) -> *mut Part {
-    match (i, ctx.part.as_mut()) {
-        (0, Some(part)) => part,
-        (0, None) => ptr::null_mut(),
-        (i, _) => &mut ctx.more[i - 1],
+    match i {
+        0 => ctx.part.as_mut().map_or(ptr::null_mut(), ptr::from_mut),
+        i => &mut ctx.more[i - 1],
     }
 }
 
