@@ -334,9 +334,12 @@ local DAY, HOUR = 86400000, 3600000
 -- Days per month, as bytes: a table would be built on every call.
 local MONTH_DAYS = '\31\28\31\30\31\30\31\31\30\31\30\31'
 
--- Per-zone state from the check to the commit and report, zone i of a decision at S[o + f],
--- o = ZONE_FIELDS * (i - 1): one table for every field of every zone, since each table a call
--- creates (and its collection) costs Redis about as much as parsing a command. The fields:
+-- Per-zone state from the check to the commit and report: the decision's locals s1 .. s5, ok,
+-- fresh, rid, alg .. settle (the loop below), one zone's at a time. A decision of several zones,
+-- or with delay fields (whose loops read every zone's), also keeps zone i's at S[o + f],
+-- o = ZONE_FIELDS * (i - 1): one table for every field of every zone, made by the first such
+-- decision of the call, since each table a call creates (and its collection) costs Redis about
+-- as much as parsing a command. The fields:
 --   S1 .. S5 what the check read, for the commit and report:
 --   sliding_log (l, r)  S1 used, S2 oldest score (nil: not read; the set may be empty)
 --   sliding_log_packed  S1 used, S2 oldest score, S3 entries that have left the window,
@@ -360,8 +363,7 @@ local MONTH_DAYS = '\31\28\31\30\31\30\31\31\30\31\30\31'
 local S1, S2, S3, S4, S5, OK, FRESH, RID, ALG, LIMIT, WIN, COST, BURST, WANT, LEASE, DELAY, SETTLE =
   1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
 local ZONE_FIELDS = 17
--- Sized for a decision of one zone up front, not grown a power of two at a time.
-local S = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local S
 local nargv = #ARGV
 -- The previous zone's figures (limit, window, cost, burst) as sent and as numbers, and the last
 -- algorithm field met: tonumber of a decimal costs two strtod calls, the zones of a batch mostly
@@ -414,6 +416,10 @@ local time_us, seq, time_now_s = nil, 0, nil
 -- are classified as the loop first meets them (a field equal to the one before is not looked at
 -- again), so both hold for the rest of the call.
 local rare, stamp = false, false
+-- The last TTL a counter's SET sent, as a number and as its string: decisions of one call share
+-- the clock (clock=redis) and mostly the window, so most of a batch's counters send the same
+-- one, and formatting it is a call of a C function (about 1,300 instructions).
+local px_n, px_s
 -- Reservations' rids given in this call, past time_us.
 local rid_seq = 0
 repeat
@@ -625,10 +631,17 @@ repeat
   -- A node's batch (header): `failed` the index in `keys` of the key whose first access failed,
   -- `probed` once the decision's later undeclared keys are known to be this node's.
   local failed, probed = nil, false
+  -- The zone's state from its check to its commit and report (the fields of S, header), held in
+  -- locals: a decision of one zone, the commonest, never writes S nor reads it back. A decision
+  -- of several zones, or with delays (whose loops read every zone's), spills each zone's state
+  -- to S once it is checked, and loads it back before its commit.
+  local alg, held, limit, w, cost, burst, ok, charge
+  local s1, s2, s3, s4, s5, fresh, rid, want, lease, delay, settle
   repeat -- `break` ends this decision early with `result` set to its error
     for i = 1, nzones do
       local p, o = a + 1 + 5 * (i - 1), ZONE_FIELDS * (i - 1)
-      local key, alg = keys[k + i], ARGV[p]
+      local key = keys[k + i]
+      alg = ARGV[p]
       local x = ARGV[p + 1]
       if x ~= fs1 then
         fs1, fn1 = x, tonumber(x)
@@ -645,14 +658,14 @@ repeat
       if x ~= fs4 then
         fs4, fn4 = x, tonumber(x)
       end
-      local limit, w, cost, burst = fn1, fn2, fn3, fn4
-      S[o + RID], S[o + WANT] = nil, nil
+      limit, w, cost, burst = fn1, fn2, fn3, fn4
+      rid, want = nil, nil
       -- The letter whose data the key holds: the algorithm's, a give-back's second letter.
-      local held, charge = alg, false
+      held, charge = alg, false
       if alg and #alg > 1 then
         -- A "!" ending is found by the searches every such field goes through anyway: a
         -- reserve field pays no call of a C function for it.
-        S[o + SETTLE] = nil
+        settle = nil
         if string.find(alg, '~', 2, true) then
           -- A delay field: the letter (or reserve field) it extends, then its longest wait, and
           -- "!" on a plain letter.
@@ -663,15 +676,15 @@ repeat
             break
           end
           if base and tonumber(d) <= MAX_DELAY and (place == '' or #base == 1) then
-            alg, S[o + DELAY], ndelay = base, tonumber(d), ndelay + 1
+            alg, delay, ndelay = base, tonumber(d), ndelay + 1
             if place ~= '' then
-              S[o + SETTLE], S[o + WANT], S[o + LEASE] = '!', 0, 0
+              settle, want, lease = '!', 0, 0
             end
           else
             alg = '?'
           end
         end
-        alg, S[o + RID] = split_rid(alg)
+        alg, rid = split_rid(alg)
         held = alg
         if alg == 'Gn' or alg == 'Rn' then
           -- A slot's release or renewal: the member in the place of burst, as for n.
@@ -692,7 +705,7 @@ repeat
             -- given back at once or never.
             alg = string.sub(alg, 1, 1)
             if string.find('lpcgqb', alg, 1, true) then
-              S[o + SETTLE], S[o + WANT], S[o + LEASE] = c2 == 33 and '!' or '^', 0, 0
+              settle, want, lease = c2 == 33 and '!' or '^', 0, 0
             else
               alg = '?'
             end
@@ -701,15 +714,15 @@ repeat
             -- A charge: the letter's decision of `cost` more units, always ok, written only
             -- while rid is in the ledger (as a reserve zone asking nothing, for the TTLs).
             held = string.match(alg, '^C([lpcgqb])$')
-            if held and S[o + RID] and cost and cost >= 1 and cost <= MAX_UNITS
+            if held and rid and cost and cost >= 1 and cost <= MAX_UNITS
                 and cost == floor(cost) then
-              alg, charge, S[o + SETTLE], S[o + WANT], S[o + LEASE] = held, true, 'C', 0, 0
+              alg, charge, settle, want, lease = held, true, 'C', 0, 0
             else
               alg = '?'
             end
           elseif c1 then
             held = string.match(alg, '^G([lpcgqb])$')
-            if not (held and S[o + RID] and burst and cost and string.match(ARGV[p + 4], '^%d+$')
+            if not (held and rid and burst and cost and string.match(ARGV[p + 4], '^%d+$')
                 and cost >= 1 and cost <= MAX_UNITS and cost == floor(cost) and burst + cost < EXACT
                 and (held ~= 'q' or w and w % 10 >= 1 and w % 10 <= 4 and w >= 10 and w < 28800)) then
               alg = '?'
@@ -718,8 +731,8 @@ repeat
             local want_s, lease_s
             alg, want_s, lease_s = string.match(alg, RESERVE_PATTERN)
             if alg then
-              S[o + WANT] = min(tonumber(want_s), MAX_UNITS)
-              S[o + LEASE] = min(tonumber(lease_s), MAX_LEASE)
+              want = min(tonumber(want_s), MAX_UNITS)
+              lease = min(tonumber(lease_s), MAX_LEASE)
             else
               alg = '?'
             end
@@ -755,7 +768,7 @@ repeat
           or alg ~= 'c' and alg ~= 'l' and alg ~= 'p' and (
             (alg ~= 'r' and alg ~= 'g' and alg ~= 'q' and alg ~= 'b' and alg ~= 'B'
               and alg ~= 'D' and alg ~= 'n' and alg ~= 'V' and #alg ~= 2)
-            or (alg == 'V' and not S[o + RID])
+            or (alg == 'V' and not rid)
             or (alg == 'n' and cost > 1)
             or (alg == 'B' and w ~= 1 and w ~= 2)
             or (alg == 'g' and burst < 1) or (alg == 'b' and burst < 0)
@@ -763,27 +776,31 @@ repeat
         result = redis.error_reply('ERR ratelimit: bad arguments for zone ' .. i)
         break
       end
-      local ok, v
+      local v
       if alg == 'c' or alg == 'g' or alg ~= 'l' and alg ~= 'r' and alg ~= 'D' and alg ~= 'Gl'
           and alg ~= 'V' and held ~= 'n' then
         -- The other algorithms keep one string per key, of a length that tells it is theirs.
         v = pcall_redis('GET', key)
-        if type(v) == 'table' then
-          result, failed = v, k + i
-          break
-        end
+        -- An error comes as a table, whose length is 0: the fixed lengths tell it from c, g and
+        -- q data without a call of type().
         if v and not (held == 'c' and #v == COUNTER_LEN or held == 'g' and #v == GCRA_LEN
-            or held == 'p' and #v % PACKED_LEN == 0 or held == 'q' and #v == QUOTA_LEN
-            or (held == 'b' or held == 'B') and string.match(v, BALANCE_PATTERN)) then
-          result = key_error('WRONGTYPE', key, 'holds other data')
-          break
+            or held == 'q' and #v == QUOTA_LEN) then
+          if type(v) == 'table' then
+            result, failed = v, k + i
+            break
+          end
+          if not (held == 'p' and #v % PACKED_LEN == 0
+              or (held == 'b' or held == 'B') and string.match(v, BALANCE_PATTERN)) then
+            result = key_error('WRONGTYPE', key, 'holds other data')
+            break
+          end
         end
         -- Only setting a balance may replace one too large to count with.
         if v and (held == 'b' or alg == 'B' and w == 2) and #v > MAX_BALANCE_LEN then
           result = key_error('ERR', key, 'holds a balance out of range (15 digits at most)')
           break
         end
-        S[o + FRESH] = not v
+        fresh = not v
       elseif alg ~= 'l' and alg ~= 'r' and alg ~= 'Gl' and k + nzones > declared and not probed then
         -- Undeclared keys that no read probes in time (header): a reset's (D) or a check's (V),
         -- and those of the zones after a concurrency zone (n, Gn, Rn), whose first access prunes.
@@ -803,7 +820,11 @@ repeat
           result, failed = e, k + i
           break
         end
-        local read, oldest, removed = #e / 2, tonumber(e[2]), 0
+        -- tonumber is a call of a C function: not for an empty set (a new key).
+        local read, oldest, removed = #e / 2, nil, 0
+        if read > 0 then
+          oldest = tonumber(e[2])
+        end
         if oldest and not (oldest < MAX_TIME) then
           result = key_error('WRONGTYPE', key, 'holds scores that are not times')
           break
@@ -821,13 +842,13 @@ repeat
           -- One removed: the second oldest is the oldest now. More: not known yet.
           oldest = removed == 1 and tonumber(e[4]) or nil
         end
-        S[o + FRESH] = read == 0
+        fresh = read == 0
         -- Fewer than two read: that was the whole set.
         local used = read - removed
         if read == 2 then
           used = call('ZCARD', key)
         end
-        S[o + S1], S[o + S2] = used, oldest
+        s1, s2 = used, oldest
         ok = used + cost <= limit
       elseif alg == 'p' then
         -- The same log packed: GET and SET instead of four commands, 6 bytes per entry, but
@@ -836,7 +857,7 @@ repeat
         local n = #v / PACKED_LEN
         local gone = packed_upto(v, 0, n, now - w)
         local used = n - gone
-        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = used,
+        s1, s2, s3, s4 = used,
           used > 0 and unpack_struct(PACKED_FORMAT, v, gone * PACKED_LEN + 1) or nil, gone, v
         ok = used + cost <= limit
       elseif alg == 'c' then
@@ -860,7 +881,7 @@ repeat
         -- estimate = prev * (w - elapsed) / w + cur, compared as ceil(prev part) + cur.
         local q, r = muldiv(prev, w - elapsed, w)
         local weighted = q + (r > 0 and 1 or 0)
-        S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5] = cur, prev, idx, elapsed, weighted
+        s1, s2, s3, s4, s5 = cur, prev, idx, elapsed, weighted
         ok = weighted + cur + cost <= limit
       elseif alg == 'g' then
         -- GCRA: units are spaced window/limit ms apart, `burst` of them may arrive at once.
@@ -887,7 +908,7 @@ repeat
         end
         -- Admitted while the new TAT is at most burst * window / limit ms ahead of now.
         local bq, br = muldiv(burst, w, limit)
-        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = ms, r, nms, nr
+        s1, s2, s3, s4 = ms, r, nms, nr
         ok = nms - now < bq or (nms - now == bq and nr <= br)
       elseif alg == 'q' then
         -- Calendar quota: a count per period, gone with the period.
@@ -906,13 +927,13 @@ repeat
             count, later = c, true
           end
         end
-        S[o + S1], S[o + S2], S[o + S3], S[o + S4] = count, start, stop, later
+        s1, s2, s3, s4 = count, start, stop, later
         ok = count + cost <= limit and not later or cost == 0
       elseif alg == 'b' then
         -- Credit balance: a decimal integer the operator sets and tops up (SET, INCRBY).
         local missing = not v
         local balance = missing and burst or tonumber(v)
-        S[o + S1], S[o + S2] = balance, missing
+        s1, s2 = balance, missing
         ok = cost == 0 or balance >= cost
       elseif alg == 'B' or alg == 'D' then
         ok = true
@@ -922,10 +943,10 @@ repeat
         -- DEL of the key until a decision starts its new life.
         local ledger, there = ledger_of(key), false
         if ledger and call('EXISTS', key) == 1 then
-          local sc = pcall_redis('ZSCORE', ledger, S[o + RID])
+          local sc = pcall_redis('ZSCORE', ledger, rid)
           there = type(sc) == 'string'
         end
-        S[o + S1], ok = there, true
+        s1, ok = there, true
       elseif held == 'n' then
         -- Concurrency (n, Gn, Rn): lapsed slots go first, whatever the decision.
         local gone = pcall_redis('ZREMRANGEBYSCORE', key, '-inf', now_s)
@@ -936,7 +957,7 @@ repeat
         -- A release learns whether its member was there from its ZREM, in the second pass.
         local used = call('ZCARD', key)
         local mine = alg ~= 'Gn' and call('ZSCORE', key, ARGV[p + 4]) ~= false
-        S[o + S1], S[o + S2] = used, mine
+        s1, s2 = used, mine
         if alg == 'n' then
           ok = mine or used + cost <= limit
         else
@@ -951,24 +972,31 @@ repeat
             result, failed = n, k + i
             break
           end
-          S[o + S1] = n
+          s1 = n
         elseif alg == 'Gg' and v then
           local ms, r = unpack_struct(GCRA_FORMAT, v)
           if not (ms >= 0 and ms < MAX_TIME) then
             result = key_error('WRONGTYPE', key, 'holds other data')
             break
           end
-          S[o + S1], S[o + S2] = ms, r
+          s1, s2 = ms, r
         end
-        S[o + S4] = v
+        s4 = v
         ok = true
       end
       if charge then
         -- Past the limit: always ok.
         ok = true
       end
-      S[o + OK] = ok
-      S[o + ALG], S[o + LIMIT], S[o + WIN], S[o + COST], S[o + BURST] = alg, limit, w, cost, burst
+      if nzones > 1 or ndelay ~= 0 then
+        -- Sized for two zones up front, not grown a power of two at a time.
+        S = S or { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+          nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+        S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5], S[o + OK], S[o + FRESH], S[o + RID],
+          S[o + ALG], S[o + LIMIT], S[o + WIN], S[o + COST], S[o + BURST], S[o + WANT],
+          S[o + LEASE], S[o + DELAY], S[o + SETTLE] =
+          s1, s2, s3, s4, s5, ok, fresh, rid, alg, limit, w, cost, burst, want, lease, delay, settle
+      end
       if not ok then
         allowed = 0
       end
@@ -1219,19 +1247,24 @@ repeat
     local nres = 1
     for i = 1, nzones do
       local p, o = a + 1 + 5 * (i - 1), ZONE_FIELDS * (i - 1)
-      local key, alg = keys[k + i], S[o + ALG]
-      local limit, w, cost, burst = S[o + LIMIT], S[o + WIN], S[o + COST], S[o + BURST]
-      local ok, commit = S[o + OK], allowed == 1 and cost > 0
+      if nzones > 1 then
+        s1, s2, s3, s4, s5, ok, fresh, rid, alg, limit, w, cost, burst, want, lease, delay, settle =
+          S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5], S[o + OK], S[o + FRESH], S[o + RID],
+          S[o + ALG], S[o + LIMIT], S[o + WIN], S[o + COST], S[o + BURST], S[o + WANT],
+          S[o + LEASE], S[o + DELAY], S[o + SETTLE]
+      end
+      local key, commit = keys[k + i], allowed == 1 and cost > 0
       local remaining, reset
       -- A reserve zone: want (nil for the others; 0 when nothing may be granted), and what it
       -- is granted; its ledger.
-      local want, lease, grant, token, ledger, settle = S[o + WANT], 0, 0, 0, nil, nil
-      if want then
-        lease, settle = S[o + LEASE], S[o + SETTLE]
-      elseif ndelay ~= 0 then
-        -- A delay field: taken as a reserve zone that asks nothing, for the new life of a
-        -- missing key and the TTLs of entries delayed ahead of now.
-        want = 0
+      local grant, token, ledger = 0, 0, nil
+      if not want then
+        lease, settle = 0, nil
+        if ndelay ~= 0 then
+          -- A delay field: taken as a reserve zone that asks nothing, for the new life of a
+          -- missing key and the TTLs of entries delayed ahead of now.
+          want = 0
+        end
       end
       -- placed: a zone that settles ("!"), admitted with a cost, records it as a placement;
       -- mine: a charge's rid was in the key's ledger (it leaves it).
@@ -1244,8 +1277,8 @@ repeat
           -- other reservation or placement of the old one is checked, given back or charged
           -- into it.
           if ledger then
-            mine = pcall_redis('ZREM', ledger, S[o + RID]) == 1
-            if mine and S[o + FRESH] then
+            mine = pcall_redis('ZREM', ledger, rid) == 1
+            if mine and fresh then
               call('DEL', ledger)
             end
           end
@@ -1255,14 +1288,14 @@ repeat
           if allowed == 0 or not ledger then
             want = 0
           end
-          if ledger and S[o + FRESH] and allowed == 1 then
+          if ledger and fresh and allowed == 1 then
             -- The key starts a new life: no reservation of an older one may touch it.
             call('DEL', ledger)
           end
         end
       end
       if alg == 'l' or alg == 'p' or alg == 'r' then
-        local used, oldest, gone, v = S[o + S1], S[o + S2], S[o + S3], S[o + S4]
+        local used, oldest, gone, v = s1, s2, s3, s4
         if want and want > 0 and limit - used - cost >= 4 then
           grant = min(want, floor((limit - used - cost) / 4))
         end
@@ -1408,8 +1441,7 @@ repeat
           reset = reset > 0 and reset or 0
         end
       elseif alg == 'c' then
-        local cur, prev, idx, elapsed, weighted =
-          S[o + S1], S[o + S2], S[o + S3], S[o + S4], S[o + S5]
+        local cur, prev, idx, elapsed, weighted = s1, s2, s3, s4, s5
         -- For a reserve zone: ms until the bucket the key holds starts, when that is the next one.
         local ahead = 0
         if want then
@@ -1429,15 +1461,21 @@ repeat
           ahead = max(0, idx * w - now)
           if commit or grant > 0 then
             cur = cur + cost + grant
-            call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
-              format('%d', (idx + 2) * w - now))
+            local px = (idx + 2) * w - now
+            if px ~= px_n then
+              px_n, px_s = px, format('%d', px)
+            end
+            call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX', px_s)
           end
         elseif commit then
           cur = cur + cost
           -- The current count matters until the end of the next window, where it is the
           -- previous one.
-          call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX',
-            format('%d', 2 * w - elapsed))
+          local px = 2 * w - elapsed
+          if px ~= px_n then
+            px_n, px_s = px, format('%d', px)
+          end
+          call('SET', key, pack(COUNTER_FORMAT, idx % 256, cur, prev), 'PX', px_s)
         end
         -- max(0, x) as a comparison: a call of a C function costs Redis far more.
         remaining = limit - cur - weighted
@@ -1470,11 +1508,11 @@ repeat
           reset = reset + ahead
         end
       elseif alg == 'g' then
-        local ms, r = S[o + S1], S[o + S2]
+        local ms, r = s1, s2
         if want and want > 0 then
           -- The granted units arrive at now + lease (or behind this request's units): the room
           -- is what still conforms from there, (now + burst*T - start) / T.
-          local sms, sr = S[o + S3], S[o + S4]
+          local sms, sr = s3, s4
           if sms < now + lease then
             sms, sr = now + lease, 0
           end
@@ -1490,13 +1528,13 @@ repeat
               if sr >= limit then
                 sms, sr = sms + 1, sr - limit
               end
-              S[o + S3], S[o + S4] = sms, sr
+              s3, s4 = sms, sr
               token = (sms % TAT_TOKEN_MOD) * limit + sr + 1
             end
           end
         end
         if commit or grant > 0 then
-          ms, r = S[o + S3], S[o + S4]
+          ms, r = s3, s4
           local px = ms - now + (r > 0 and 1 or 0)
           call('SET', key, pack(GCRA_FORMAT, ms, r), 'PX', format('%d', px > 1 and px or 1))
           if placed then
@@ -1516,7 +1554,7 @@ repeat
           else
             -- Until the new TAT is within burst spacings of now.
             local bq, br = muldiv(burst, w, limit)
-            reset = max(1, S[o + S3] - now - bq + (S[o + S4] > br and 1 or 0))
+            reset = max(1, s3 - now - bq + (s4 > br and 1 or 0))
           end
         elseif ms == now and r == 0 then
           reset = 0
@@ -1527,34 +1565,34 @@ repeat
           reset = reset > 0 and reset or 0
         end
       elseif alg == 'q' then
-        local count, stop, later = S[o + S1], S[o + S3], S[o + S4]
+        local count, stop, later = s1, s3, s4
         if want and want > 0 and not later and limit - count - cost >= 4 then
           -- Spent in this period or not at all.
           grant = min(want, floor((limit - count - cost) / 4))
-          lease, token = min(lease, stop - now), S[o + S2]
+          lease, token = min(lease, stop - now), s2
         end
         if commit or grant > 0 then
           -- In the key's period (a charge finds it in a later one as a decision does).
           count = count + cost + grant
-          call('SET', key, pack(QUOTA_FORMAT, S[o + S2], count), 'PX', format('%d', max(1, stop - now)))
+          call('SET', key, pack(QUOTA_FORMAT, s2, count), 'PX', format('%d', max(1, stop - now)))
           if placed then
-            token = S[o + S2]
+            token = s2
           end
         end
         if later then
           -- The key is in a later period: no room until it starts; only a charge writes there.
-          stop, count = S[o + S2], limit
+          stop, count = s2, limit
         end
         remaining = max(0, limit - count)
         reset = max(0, stop - now)
       elseif alg == 'b' then
-        local balance = S[o + S1]
+        local balance = s1
         if want and want > 0 and balance - cost >= 4 then
           grant = min(want, floor((balance - cost) / 4))
         end
         if commit or grant > 0 then
           -- DECRBY keeps a TTL the operator gave the credits; a default grant is written whole.
-          if S[o + S2] then
+          if s2 then
             balance = balance - cost - grant
             call('SET', key, format('%d', balance))
           else
@@ -1564,7 +1602,7 @@ repeat
         remaining = max(0, balance)
         reset = 0
       elseif alg == 'B' then
-        local ledger = S[o + FRESH] and ledger_of(key)
+        local ledger = fresh and ledger_of(key)
         if ledger then
           -- A balance set where there was none is a new one.
           call('DEL', ledger)
@@ -1585,9 +1623,9 @@ repeat
           call('DEL', ledger)
         end
       elseif alg == 'V' then
-        remaining, reset = S[o + S1] and 1 or 0, 0
+        remaining, reset = s1 and 1 or 0, 0
       elseif alg == 'n' or alg == 'Gn' or alg == 'Rn' then
-        local used, mine, member = S[o + S1], S[o + S2], ARGV[p + 4]
+        local used, mine, member = s1, s2, ARGV[p + 4]
         -- A renewal writes its member back even when it was gone: its request is in flight, so
         -- slots lost with Redis's data (or lapsed while the worker could not reach it) count
         -- again one renewal later, instead of for as long as their requests run.
@@ -1617,9 +1655,9 @@ repeat
       else
         -- A give-back of u units with its token; nothing is written if the reservation is gone
         -- or of an older life of the key (its rid is not in the ledger).
-        local v, u, token_in = S[o + S4], cost, burst
+        local v, u, token_in = s4, cost, burst
         local ledger = ledger_of(key)
-        local mine = ledger and pcall_redis('ZREM', ledger, S[o + RID]) == 1
+        local mine = ledger and pcall_redis('ZREM', ledger, rid) == 1
         remaining, reset = 0, mine and 1 or 0
         if not mine then
           remaining = 0
@@ -1634,7 +1672,7 @@ repeat
             j = j + n
           end
           -- Entries that have left the window but are not pruned yet still count here.
-          remaining = max(0, limit - S[o + S1] + removed)
+          remaining = max(0, limit - s1 + removed)
         elseif alg == 'Gp' then
           remaining = limit
           if v then
@@ -1700,7 +1738,7 @@ repeat
           -- Gg: only the TAT this reservation left, exactly: units taken after it may sit in
           -- slots after the returned ones, and moving them earlier could put them before their
           -- arrival (two holders: the second one's units would come too close).
-          local ms, r = S[o + S1], S[o + S2]
+          local ms, r = s1, s2
           if v and r < limit and (ms % TAT_TOKEN_MOD) * limit + r + 1 == token_in then
             local uq, ur = muldiv(u, w, limit)
             ms, r = ms - uq, r - ur
