@@ -449,7 +449,7 @@ repeat
     -- The last decision: missing arguments are its zones' bad arguments, as ever.
     nzones = nkeys - k
   end
-  if (not now and ARGV[a] and ARGV[a] ~= '') or nzones < 1 or k + nzones > nkeys then
+  if (not now and now_s and now_s ~= '') or nzones < 1 or k + nzones > nkeys then
     return redis.error_reply('ERR ratelimit: malformed batch at decision ' .. (ndecisions + 1))
   end
   if rare and not ledger_of then
