@@ -408,8 +408,9 @@ fn answered(
             _ => {
                 let error = result.and_then(|r| r.as_ref().ok()).and_then(|f| f.view().error());
                 if let Some(e) = error.filter(|e| settle::refused(e)) {
-                    metrics.settlement_lost();
-                    return log_refused(mcf, p, e, now);
+                    // Logged first: a scrape that sees the loss finds its line.
+                    log_refused(mcf, p, e, now);
+                    return metrics.settlement_lost();
                 }
                 // An error reply ran and wrote nothing; anything else may have been applied.
                 let tried = p.tried || error.is_none();

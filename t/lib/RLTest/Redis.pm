@@ -96,6 +96,12 @@ sub foreign_clients {
     return @c;
 }
 
+# Connections that enabled key tracking (CLIENT LIST's flag t): a worker's tracker, once ready.
+sub tracking_clients {
+    my ($self) = @_;
+    return scalar grep { ($_->{flags} // '') =~ /t/ } $self->foreign_clients;
+}
+
 # redis-cli style tokenizer: words, "double quoted" with \-escapes, 'single'.
 sub split_command {
     my ($line) = @_;
