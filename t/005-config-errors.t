@@ -399,6 +399,9 @@ my @rows = (
         'ratelimit_metrics', qr/needs "ratelimit_metrics_zone"/],
     ['ratelimit_dry_run twice', "$R\n$Z", "ratelimit_dry_run on;\nratelimit_dry_run off; #<-",
         'ratelimit_dry_run', qr/is duplicate/],
+    ['65 zones in one location', join("\n", $R, map { "ratelimit_zone z$_ key=\$arg_k limit=5 window=1s;" } 1 .. 65),
+        join("\n", 'location /many {', (map { "ratelimit z$_;" } 1 .. 64), 'ratelimit z65; #<-', '}'),
+        'ratelimit', qr/"z65" is more than a location may name, 64 zones: one decision covers all of them/],
 );
 
 my @table;

@@ -91,6 +91,11 @@ impl Args {
         slots.all(|s| s == first).then_some(first)
     }
 
+    /// The first key (empty if none): a decision of one zone's.
+    pub fn first_key(&self) -> &[u8] {
+        resp::bulk_strings(self.keys()).next().unwrap_or_default()
+    }
+
     /// The bytes this decision adds to a call, for [`MAX_BATCH_BYTES`].
     pub fn wire_len(&self) -> usize {
         self.bytes.len()

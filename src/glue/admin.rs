@@ -181,7 +181,7 @@ pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
     let pool = Pool::from_ngx_pool((*r).pool);
     let Some(ctx) = NonNull::new(pool.allocate(AdminCtx {
         r,
-        waiter: Waiter { result: None, token: None, ev: ptr::null_mut(), pool: ptr::null_mut() },
+        waiter: Waiter::new(ptr::null_mut()),
         ev: core::mem::zeroed(),
         args: EncodedArgs::new(core::iter::once(za), None),
         retries: Retries::default(),
@@ -248,17 +248,16 @@ unsafe extern "C" fn on_event(ev: *mut ngx_event_t) {
 /// Answers the result as JSON, or 502 with what went wrong.
 unsafe fn finish(ctx: &mut AdminCtx) -> ngx_int_t {
     let reply = ctx.waiter.result.take();
-    let decision = reply.map(|res| res.map(|reply| script::decode_decision(reply.view(), 1)));
+    let decision = reply.map(|res| res.map(|reply| script::decode_one(reply.view())));
     let Some(mcf) = RateLimit::main_conf(&*ctx.r) else { return NGX_ERROR as ngx_int_t };
     let zone = &mcf.zones[ctx.zone];
     let (status, body) = match decision {
-        Some(Ok(Ok(d))) => {
+        Some(Ok(Ok((_, z)))) => {
             if ctx.op != Op::Read {
                 // Heard now, not only when Redis's notice comes, which may be after the next
                 // request this worker takes: that one must not be answered from its memory.
                 invalidation::forget(&ctx.key);
             }
-            let z = d.zones[0];
             (
                 NGX_HTTP_OK,
                 answer(zone, &ctx.given, ctx.op, z.remaining, z.reset_ms, ctx.limit, ctx.window_ms),

@@ -19,7 +19,7 @@ use crate::decide::key::prefix_tag;
 use crate::decide::lease::{LeaseConf, Leases};
 use crate::decide::local_limit::LocalLimiter;
 use crate::decide::quota::Period;
-use crate::decide::script::{Algorithm, EncodedFigures, Spare};
+use crate::decide::script::{Algorithm, EncodedFigures, Spare, MAX_ZONES};
 use crate::decide::settle;
 use crate::decide::slots::Slots;
 use crate::decide::table_key::TableHead;
@@ -354,6 +354,16 @@ pub unsafe extern "C" fn merge_loc_conf(
                  be 1",
             );
         }
+    }
+    if let Some(limit) = limits.get(MAX_ZONES) {
+        return fail(
+            cf,
+            limit,
+            &format!(
+                "ratelimit \"%s\" is more than a location may name, {MAX_ZONES} zones: one \
+                 decision covers all of them"
+            ),
+        );
     }
     let backend = |l: &LimitRef| mcf.zones[l.zone].backend;
     conf.several = limits.iter().any(|l| backend(l) != backend(&limits[0]));

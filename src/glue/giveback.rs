@@ -107,14 +107,14 @@ fn renew(mcf: &MainConf, now: u64) {
         let mut due = Vec::new();
         for id in slots.due(now) {
             if let Some(h) = slots.get(id) {
-                let args = EncodedArgs::slot_op(SlotOp::Renew, &h.slot_ref());
+                let args = EncodedArgs::slot_op(Vec::new(), SlotOp::Renew, &h.slot_ref());
                 due.push((What::Renew { zone: h.zone, id }, h.zone, args));
             }
         }
         let mut lapsed = Vec::new();
         for id in slots.orphans_due(now, &mut lapsed) {
             if let Some(h) = slots.orphan_slot(id) {
-                let args = EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref());
+                let args = EncodedArgs::slot_op(Vec::new(), SlotOp::Release, &h.slot_ref());
                 due.push((What::Orphan { id }, h.zone, args));
             }
         }
@@ -123,9 +123,9 @@ fn renew(mcf: &MainConf, now: u64) {
         due
     };
     for (what, zone, args) in due {
-        if let Err(what) = submit_one(mcf, what, zone, args) {
+        if let Err(what) = submit_one(mcf, what, zone, |_| args) {
             // Not even queued (Redis known down): tried again at the next tick.
-            answered(mcf, &what, None);
+            answered(mcf, &what, &[], None);
         }
     }
 }
@@ -155,13 +155,13 @@ pub fn release(mcf: &MainConf, id: u64) {
         let Some(slots) = slots.as_mut() else { return };
         // SAFETY: the worker's cached clock, read on its only thread.
         let Some(orphan) = slots.release(id, unsafe { ngx_current_msec } as u64) else { return };
-        slots
-            .orphan_slot(orphan)
-            .map(|h| (orphan, h.zone, EncodedArgs::slot_op(SlotOp::Release, &h.slot_ref())))
+        slots.orphan_slot(orphan).map(|h| {
+            (orphan, h.zone, EncodedArgs::slot_op(Vec::new(), SlotOp::Release, &h.slot_ref()))
+        })
     };
     let Some((orphan, zone, args)) = sent else { return };
-    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, zone, args) {
-        answered(mcf, &what, None);
+    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, zone, |_| args) {
+        answered(mcf, &what, &[], None);
     }
     arm(mcf);
 }
@@ -172,7 +172,17 @@ std::thread_local! {
     /// A set: a tick of thousands of orphans' releases finishes each one at its reply.
     static IN_FLIGHT: core::cell::RefCell<std::collections::HashSet<NonNull<Returning>>> =
         core::cell::RefCell::new(std::collections::HashSet::new());
+    /// Give-backs that finished, kept to be written over by the next ones: a lease's renewal
+    /// sends a check, settlements and slots come and go with their requests. Boxes, not the
+    /// values: the box is the allocation kept (a give-back's address is its event's data).
+    #[allow(clippy::vec_box)]
+    static SPARE: core::cell::RefCell<Vec<Box<Returning>>> = const {
+        core::cell::RefCell::new(Vec::new())
+    };
 }
+
+/// Finished give-backs kept for the next, at most.
+const SPARES_KEPT: usize = 64;
 
 /// At worker exit, after the pool has closed its connections: frees the give-backs still on
 /// their way (their events are never run again).
@@ -191,10 +201,10 @@ pub fn settle(mcf: &MainConf, settlements: impl IntoIterator<Item = Pending>) {
         let zone = &mcf.zones[p.place.zone];
         let mut g = p.place.clone();
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
-        let args = if p.charge {
-            EncodedArgs::charge(&g, zone.algorithm, zone.burst)
-        } else {
-            EncodedArgs::give_back(&g, zone.algorithm)
+        let (charge, algorithm, burst) = (p.charge, zone.algorithm, zone.burst);
+        let args = |room| match charge {
+            true => EncodedArgs::charge(room, &g, algorithm, burst),
+            false => EncodedArgs::give_back(room, &g, algorithm),
         };
         let zone = p.place.zone;
         if let Err(What::Settle(p)) = submit_one(mcf, What::Settle(p), zone, args) {
@@ -234,8 +244,8 @@ fn resettle(mcf: &MainConf, now: u64) {
 enum What {
     /// Returns a reservation's unspent units.
     Units { zone: usize, units: u64 },
-    /// Asks whether a reservation of `key` is still of the key's life.
-    Check { check: Check, key: Box<[u8]> },
+    /// Asks whether a reservation of its key (the decision's) is still of the key's life.
+    Check(Check),
     /// Renews the slot `id` of this worker's table.
     Renew { zone: usize, id: u64 },
     /// Releases the orphan `id`: a slot a late decision may have granted.
@@ -262,7 +272,7 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
         let zone = &mcf.zones[g.zone];
         // A calendar quota's window field is its period, as in its decisions.
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
-        let args = EncodedArgs::give_back(&g, zone.algorithm);
+        let args = |room| EncodedArgs::give_back(room, &g, zone.algorithm);
         // Refused at once (Redis known down): the units lapse, as the guarantee allows.
         let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, g.zone, args);
     }
@@ -271,9 +281,9 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
 /// Sends the check of a reservation of `key` after Redis said the key changed; an answer that
 /// cannot be had leaves the reservation unspent until it expires.
 pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
-    let args = EncodedArgs::check(key, c.rid);
-    if let Err(what) = submit_one(mcf, What::Check { check: c, key: key.into() }, c.zone, args) {
-        answered(mcf, &what, None);
+    let args = |room| EncodedArgs::check(room, key, c.rid);
+    if let Err(what) = submit_one(mcf, What::Check(c), c.zone, args) {
+        answered(mcf, &what, key, None);
     }
 }
 
@@ -283,21 +293,36 @@ pub fn track(mcf: &MainConf, zone: usize, key: &[&[u8]]) -> bool {
     mcf.pool(mcf.zones[zone].backend).is_some_and(|p| p.track(key))
 }
 
-/// Queues one decision sent without a request, to `zone`'s backend; gives `what` back if the
-/// pool refused it at once.
-fn submit_one(mcf: &MainConf, what: What, zone: usize, args: EncodedArgs) -> Result<(), What> {
+/// Queues one decision sent without a request, to `zone`'s backend, its arguments written by
+/// `args` in the room it is handed; gives `what` back if the pool refused it at once.
+fn submit_one(
+    mcf: &MainConf,
+    what: What,
+    zone: usize,
+    args: impl FnOnce(Vec<u8>) -> EncodedArgs,
+) -> Result<(), What> {
     let backend = mcf.zones[zone].backend;
     let Some(redis) = mcf.redis(backend) else { return Err(what) };
-    let r = Box::into_raw(Box::new(Returning {
+    // A give-back that finished earlier: its box and its arguments' buffer written over.
+    let mut spare = SPARE.with(|s| s.borrow_mut().pop());
+    let room = spare.as_mut().map_or_else(Vec::new, |s| core::mem::take(&mut s.args).into_room());
+    let returning = Returning {
         what,
-        waiter: Waiter { result: None, token: None, ev: ptr::null_mut(), pool: ptr::null_mut() },
+        waiter: Waiter::new(ptr::null_mut()),
         // SAFETY: all-zero is an idle event.
         ev: unsafe { core::mem::zeroed() },
-        args,
+        args: args(room),
         retries: Retries::default(),
         mcf,
         backend,
-    }));
+    };
+    let r = Box::into_raw(match spare {
+        Some(mut b) => {
+            *b = returning;
+            b
+        }
+        None => Box::new(returning),
+    });
     // SAFETY: `r` is this function's until handed to the event loop below; it is freed once, by
     // `finish`, after which neither the pool nor a timer holds it.
     unsafe {
@@ -323,7 +348,7 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
         if let Some(token) = ret.waiter.token.take() {
             WorkerPool::cancel(token);
         }
-        answered(mcf, &ret.what, None);
+        answered(mcf, &ret.what, ret.args.call().first_key(), None);
         return finish(NonNull::new_unchecked(r));
     }
     if ret.waiter.result.is_none() {
@@ -335,20 +360,24 @@ unsafe extern "C" fn on_reply(ev: *mut ngx_event_t) {
     {
         return;
     }
-    answered(mcf, &ret.what, ret.waiter.result.as_ref());
+    answered(mcf, &ret.what, ret.args.call().first_key(), ret.waiter.result.as_ref());
     finish(NonNull::new_unchecked(r));
 }
 
-/// Counts what Redis answered (`None`: nothing in time) and tells the slot table of renewals.
+/// Counts what Redis answered (`None`: nothing in time) and tells the slot table of renewals;
+/// `key` is the decision's (what a check asked about).
 fn answered(
     mcf: &MainConf,
     what: &What,
+    key: &[u8],
     result: Option<&Result<Frame, crate::redis::pool::RedisError>>,
 ) {
     let reply = match result {
         Some(Ok(frame)) => Some(frame.view()).filter(|r| matches!(r.head(), Some(Head::Array(_)))),
         _ => None,
     };
+    // Each of these is a decision of one zone: whether it was allowed, and the zone's verdict.
+    let verdict = reply.map(script::decode_one);
     let metrics = mcf.metrics.get();
     // SAFETY: the worker's cached clock, read on its only thread.
     let now = unsafe { ngx_current_msec } as u64;
@@ -356,16 +385,13 @@ fn answered(
         What::Units { zone, units } => {
             // A give-back answers 1 in its reset field when its reservation was of the key's
             // life; otherwise a reset took the units already.
-            if reply
-                .map(|r| script::decode_decision(r, 1))
-                .is_some_and(|d| d.is_ok_and(|d| d.zones[0].reset_ms == 1))
-            {
+            if matches!(verdict, Some(Ok((_, z))) if z.reset_ms == 1) {
                 metrics.lease(zone, LeaseEvent::Returned, units);
             }
         }
-        What::Check { check, ref key } => {
-            let present = match reply.map(|r| script::decode_decision(r, 1)) {
-                Some(Ok(d)) => Some(d.zones[0].remaining == 1),
+        What::Check(check) => {
+            let present = match verdict {
+                Some(Ok((_, z))) => Some(z.remaining == 1),
                 _ => None,
             };
             let mut leases = mcf.leases.borrow_mut();
@@ -377,8 +403,8 @@ fn answered(
             }
         }
         What::Renew { zone, id } => {
-            let answer = match reply.map(|r| script::decode_decision(r, 1)) {
-                Some(Ok(d)) if d.allowed => Renewal::Kept,
+            let answer = match verdict {
+                Some(Ok((true, _))) => Renewal::Kept,
                 Some(Ok(_)) => Renewal::WrittenBack,
                 // Redis failed or refused: the next tick tries again, before the slot lapses.
                 _ => Renewal::Failed,
@@ -395,11 +421,11 @@ fn answered(
                 metrics.slot(zone, SlotEvent::Lapsed);
             }
         }
-        What::Settle(ref p) => match reply.map(|r| script::decode_decision(r, 1)) {
+        What::Settle(ref p) => match verdict {
             // Done: its rid left the ledger now, or had left it already, taken by an earlier
             // attempt whose answer was lost (counted then) or by a reset of the key.
-            Some(Ok(d)) => {
-                if d.zones[0].reset_ms == 1 || p.tried {
+            Some(Ok((_, z))) => {
+                if z.reset_ms == 1 || p.tried {
                     metrics.settled(p.charge, p.place.units);
                 }
             }
@@ -418,9 +444,9 @@ fn answered(
             }
         },
         What::Orphan { id } => {
-            let answer = match reply.map(|r| script::decode_decision(r, 1)) {
+            let answer = match verdict {
                 // A release answers 1 in its reset field when the member was there.
-                Some(Ok(d)) if d.zones[0].reset_ms == 1 => Release::Removed,
+                Some(Ok((_, z))) if z.reset_ms == 1 => Release::Removed,
                 Some(Ok(_)) => Release::NotThere,
                 _ => Release::Failed,
             };
@@ -467,5 +493,12 @@ unsafe fn finish(r: NonNull<Returning>) {
         ngx_delete_posted_event(&mut ret.ev);
     }
     IN_FLIGHT.with(|f| f.borrow_mut().remove(&r));
-    drop(Box::from_raw(r.as_ptr()));
+    let ret = Box::from_raw(r.as_ptr());
+    // Not at the worker's exit, once the list is gone.
+    let _ = SPARE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARES_KEPT {
+            s.push(ret);
+        }
+    });
 }

@@ -9,59 +9,84 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use crate::codec::resp::Reply;
+use crate::codec::byte_queue::ByteQueue;
+use crate::codec::resp::{Head, Items, View};
 
 /// The channel Redis sends invalidations on, for a client whose tracking is redirected to a
 /// subscriber (RESP2).
 pub const CHANNEL: &[u8] = b"__redis__:invalidate";
 
-/// A reply on the subscriber connection, or on the tracking connection.
+/// A reply on the subscriber connection, or on the tracking connection, read where its bytes
+/// lie.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Event<'a> {
-    /// `CLIENT ID`: the subscriber's id, which tracking redirects to.
-    Id(i64),
     /// `SUBSCRIBE` confirmed.
     Subscribed,
     /// These keys changed (written, deleted, expired, evicted).
-    Keys(Vec<&'a [u8]>),
+    Keys(Keys<'a>),
     /// Everything changed (`FLUSHALL`, `FLUSHDB`): Redis sends no key list.
     All,
-    /// `+OK` (`CLIENT TRACKING`), or an `EXISTS` count.
+    /// `+OK` (`CLIENT TRACKING`), or an integer: the subscriber's `CLIENT ID`, an `EXISTS` count.
     Ok(i64),
     Error(&'a [u8]),
     /// Anything else: not what a tracking connection is answered with.
     Strange,
 }
 
-pub fn event(reply: &Reply) -> Event<'_> {
-    match reply {
-        Reply::Int(n) => Event::Ok(*n),
-        Reply::Status(_) => Event::Ok(0),
-        Reply::Error(e) => Event::Error(e),
-        Reply::Array(Some(items)) => match items.as_slice() {
-            [Reply::Bulk(Some(kind)), Reply::Bulk(Some(ch)), Reply::Int(_)]
-                if kind == b"subscribe" && ch == CHANNEL =>
-            {
-                Event::Subscribed
-            }
-            [Reply::Bulk(Some(kind)), Reply::Bulk(Some(ch)), payload]
-                if kind == b"message" && ch == CHANNEL =>
-            {
-                match payload {
-                    Reply::Array(Some(keys)) => {
-                        let keys: Option<Vec<&[u8]>> = keys
-                            .iter()
-                            .map(|k| match k {
-                                Reply::Bulk(Some(k)) => Some(k.as_slice()),
-                                _ => None,
-                            })
-                            .collect();
-                        keys.map_or(Event::Strange, Event::Keys)
-                    }
-                    Reply::Bulk(None) | Reply::Array(None) => Event::All,
-                    _ => Event::Strange,
-                }
-            }
+/// The keys of an invalidation, each a bulk string (checked before it is handed out).
+#[derive(Debug, Clone)]
+pub struct Keys<'a>(Items<'a>);
+
+impl<'a> Iterator for Keys<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        match self.0.next_head()? {
+            Head::Bulk(Some(key)) => Some(key),
+            _ => None,
+        }
+    }
+}
+
+impl PartialEq for Keys<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.clone().eq(other.clone())
+    }
+}
+
+impl Eq for Keys<'_> {}
+
+pub fn event(reply: View<'_>) -> Event<'_> {
+    let mut items = match reply.head() {
+        Some(Head::Int(n)) => return Event::Ok(n),
+        Some(Head::Status(_)) => return Event::Ok(0),
+        Some(Head::Error(e)) => return Event::Error(e),
+        _ => match reply.items() {
+            Some(items) if items.len() == 3 => items,
+            _ => return Event::Strange,
+        },
+    };
+    fn bulk(item: Option<View<'_>>) -> Option<&[u8]> {
+        match item.and_then(View::head) {
+            Some(Head::Bulk(Some(b))) => Some(b),
+            _ => None,
+        }
+    }
+    let (kind, ch, payload) = (bulk(items.next()), bulk(items.next()), items.next());
+    if ch != Some(CHANNEL) {
+        return Event::Strange;
+    }
+    match (kind, payload) {
+        (Some(b"subscribe"), Some(p)) if matches!(p.head(), Some(Head::Int(_))) => {
+            Event::Subscribed
+        }
+        (Some(b"message"), Some(p)) => match p.head() {
+            Some(Head::Array(Some(n))) => match p.items() {
+                // Every key a bulk string, or none is taken.
+                Some(keys) if Keys(keys.clone()).count() == n => Event::Keys(Keys(keys)),
+                _ => Event::Strange,
+            },
+            Some(Head::Bulk(None) | Head::Array(None)) => Event::All,
             _ => Event::Strange,
         },
         _ => Event::Strange,
@@ -75,7 +100,7 @@ struct Pending {
     /// The tracking was lost: from then on a change could go unheard.
     unheard: bool,
     /// Each key, and what Redis said of it.
-    keys: Vec<(Vec<u8>, Said)>,
+    keys: ByteQueue<Said>,
 }
 
 /// Keys waiting to be forgotten, at most; past this, everything is.
@@ -155,7 +180,7 @@ fn push(key: &[u8], said: Said) {
             p.all = true;
             p.keys.clear();
         } else {
-            p.keys.push((key.to_vec(), said));
+            p.keys.push(&[key], said);
         }
     });
     ANY.store(true, Relaxed);
@@ -168,48 +193,63 @@ pub fn pending() -> bool {
 
 /// Hands over what must be forgotten, once.
 pub fn drain(mut f: impl FnMut(Forget<'_>)) {
-    let p = PENDING.with(|p| core::mem::take(&mut *p.borrow_mut()));
+    let (all, unheard, mut keys) = PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        let p = &mut *p;
+        (core::mem::take(&mut p.all), core::mem::take(&mut p.unheard), core::mem::take(&mut p.keys))
+    });
     ANY.store(false, Relaxed);
-    if p.all {
+    if all {
         f(Forget::All);
     }
-    if p.unheard {
+    if unheard {
         f(Forget::Unheard);
     }
-    for (k, said) in &p.keys {
+    while let Some((k, said)) = keys.pop_front() {
         f(match said {
             Said::Changed => Forget::Key(k),
             Said::Gone => Forget::Gone(k),
             Said::Present => Forget::Present(k),
         });
     }
+    PENDING.with(|p| p.borrow_mut().keys.recycle(keys));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::resp::decode;
 
-    fn ev(bytes: &[u8]) -> Reply {
-        decode(bytes).unwrap().unwrap().0
+    fn ev(bytes: &[u8]) -> View<'_> {
+        View::of(bytes)
+    }
+
+    fn keys(e: Event<'_>) -> Option<Vec<&[u8]>> {
+        match e {
+            Event::Keys(k) => Some(k.collect()),
+            _ => None,
+        }
     }
 
     #[test]
     fn redis_messages() {
         // As Redis 7.0.15 sent them (RESP2, tracking redirected to a subscriber).
-        assert_eq!(event(&ev(b":3\r\n")), Event::Ok(3));
+        assert_eq!(event(ev(b":3\r\n")), Event::Ok(3));
         let sub = ev(b"*3\r\n$9\r\nsubscribe\r\n$20\r\n__redis__:invalidate\r\n:1\r\n");
-        assert_eq!(event(&sub), Event::Subscribed);
+        assert_eq!(event(sub), Event::Subscribed);
         let one = ev(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$2\r\nk1\r\n");
-        assert_eq!(event(&one), Event::Keys(vec![b"k1"]));
+        assert_eq!(keys(event(one)), Some(vec![&b"k1"[..]]));
+        let two = ev(
+            b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*2\r\n$2\r\nk1\r\n$0\r\n\r\n",
+        );
+        assert_eq!(keys(event(two)), Some(vec![&b"k1"[..], b""]));
         let all = ev(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n$-1\r\n");
-        assert_eq!(event(&all), Event::All);
-        assert_eq!(event(&ev(b"+OK\r\n")), Event::Ok(0));
-        assert_eq!(event(&ev(b"-NOPERM no\r\n")), Event::Error(b"NOPERM no"));
+        assert_eq!(event(all), Event::All);
+        assert_eq!(event(ev(b"+OK\r\n")), Event::Ok(0));
+        assert_eq!(event(ev(b"-NOPERM no\r\n")), Event::Error(b"NOPERM no"));
         let other = ev(b"*3\r\n$7\r\nmessage\r\n$5\r\nother\r\n*1\r\n$2\r\nk1\r\n");
-        assert_eq!(event(&other), Event::Strange);
+        assert_eq!(event(other), Event::Strange);
         let bad = ev(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n:1\r\n");
-        assert_eq!(event(&bad), Event::Strange);
+        assert_eq!(event(bad), Event::Strange);
     }
 
     #[test]

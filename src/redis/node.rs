@@ -232,8 +232,9 @@ impl NodePool {
         drop(Box::from_raw(p));
     }
 
-    /// Asks this node to tell the worker when `key` changes; false when it cannot yet.
-    pub fn track(&mut self, key: &[u8]) -> bool {
+    /// Asks this node to tell the worker when the key made of `key`'s parts changes; false when
+    /// it cannot yet.
+    pub fn track(&mut self, key: &[&[u8]]) -> bool {
         let me = NonNull::from(&mut *self);
         // SAFETY: the tracker is destroyed with its node, first.
         let t = self.tracker.get_or_insert_with(|| unsafe { Tracker::create(me) });

@@ -104,6 +104,13 @@ pub struct Waiter {
     pub pool: *mut ngx_pool_t,
 }
 
+impl Waiter {
+    /// A waiter with nothing sent, its replies kept in `pool` (null: the heap).
+    pub fn new(pool: *mut ngx_pool_t) -> Waiter {
+        Waiter { result: None, token: None, ev: ptr::null_mut(), pool }
+    }
+}
+
 /// A reply's bytes as its waiter gets them: framed whole by the connection, then copied out of
 /// the read buffer, which the next read reuses, to where the waiter's owner keeps them. A
 /// request's reply goes to its pool, which is no heap allocation and needs no freeing; the
@@ -113,18 +120,21 @@ pub struct Frame(Kept);
 enum Kept {
     /// In the waiter's pool, freed with it.
     Pooled(NonNull<[u8]>),
-    Heap(Box<[u8]>),
+    Heap(Vec<u8>),
 }
 
 impl Frame {
-    /// A copy of `bytes` in `pool` (null, or out of memory there: on the heap).
+    /// A copy of `bytes` in `pool` (null, or out of memory there: on the heap, in a buffer a
+    /// frame dropped earlier left).
     ///
     /// # Safety
     /// `pool` is null or a live pool that outlives the frame.
     unsafe fn copy(bytes: &[u8], pool: *mut ngx_pool_t) -> Frame {
         let to = if pool.is_null() { ptr::null_mut() } else { ngx_pnalloc(pool, bytes.len()) };
         if to.is_null() {
-            return Frame(Kept::Heap(bytes.into()));
+            let mut room = SPARE_FRAMES.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+            room.extend_from_slice(bytes);
+            return Frame(Kept::Heap(room));
         }
         ptr::copy_nonoverlapping(bytes.as_ptr(), to as *mut u8, bytes.len());
         let kept = ptr::slice_from_raw_parts_mut(to as *mut u8, bytes.len());
@@ -137,6 +147,37 @@ impl Frame {
             Kept::Pooled(bytes) => unsafe { bytes.as_ref() },
             Kept::Heap(bytes) => bytes,
         })
+    }
+}
+
+/// Heap buffers of replies whose frames were dropped, at most this many, and none larger than
+/// `SPARE_FRAME_BYTES`: the replies of decisions sent without a request (give-backs, checks,
+/// renewals) come and go all the time, a `CLUSTER SLOTS` answer rarely.
+const SPARE_FRAMES_KEPT: usize = 16;
+const SPARE_FRAME_BYTES: usize = 4096;
+
+std::thread_local! {
+    // A worker is one thread.
+    static SPARE_FRAMES: core::cell::RefCell<Vec<Vec<u8>>> = const {
+        core::cell::RefCell::new(Vec::new())
+    };
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        if let Kept::Heap(bytes) = &mut self.0 {
+            if bytes.capacity() <= SPARE_FRAME_BYTES {
+                let mut room = core::mem::take(bytes);
+                room.clear();
+                // Not at the worker's exit, once the list is gone.
+                let _ = SPARE_FRAMES.try_with(|s| {
+                    let mut s = s.borrow_mut();
+                    if s.len() < SPARE_FRAMES_KEPT {
+                        s.push(room);
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -303,7 +344,7 @@ impl WorkerPool {
                     (*c.as_ptr()).owner(key_slot(key)).ok_or(RedisError::Unavailable)
                 }
             };
-            node.is_ok_and(|n| (*n.as_ptr()).track(&key.concat()))
+            node.is_ok_and(|n| (*n.as_ptr()).track(key))
         }
     }
 

@@ -43,12 +43,7 @@ impl Query {
         done: Done,
     ) -> Result<NonNull<Query>, RedisError> {
         let q = Box::new(Query {
-            waiter: Waiter {
-                result: None,
-                token: None,
-                ev: ptr::null_mut(),
-                pool: ptr::null_mut(),
-            },
+            waiter: Waiter::new(ptr::null_mut()),
             ev: core::mem::zeroed(),
             bytes,
             owner,

@@ -10,7 +10,6 @@
 
 use core::ffi::c_void;
 use core::ptr::{self, NonNull};
-use std::collections::VecDeque;
 
 use ngx::ffi::{
     ngx_current_msec, ngx_cycle, ngx_delete_posted_event, ngx_event_t, ngx_post_event,
@@ -23,7 +22,8 @@ use super::conn::Conn;
 use super::invalidation::{self, event, Event, CHANNEL};
 use super::node::NodePool;
 use super::pool::log;
-use crate::codec::resp::{self, Reply};
+use crate::codec::byte_queue::ByteQueue;
+use crate::codec::resp::{self, View};
 
 /// A tracker that lost a connection starts again at most this often.
 const RESTART_EVERY: u64 = 1000;
@@ -51,9 +51,10 @@ pub struct Tracker {
     trk: Option<NonNull<Conn>>,
     /// The keys of the `EXISTS` on the wire, in order: one that is gone already changed before
     /// its tracking began.
-    pending: VecDeque<Vec<u8>>,
-    /// Replies of the two connections, handled from `ev` (never inside a connection's read).
-    inbox: Vec<(bool, Reply)>,
+    pending: ByteQueue<()>,
+    /// Replies of the two connections, as they came (tagged true: the subscriber's), handled
+    /// from `ev` (never inside a connection's read).
+    inbox: ByteQueue<bool>,
     /// A connection closed: handled from `ev` too.
     lost: bool,
     ev: ngx_event_t,
@@ -75,8 +76,8 @@ impl Tracker {
             state: State::Idle,
             sub: None,
             trk: None,
-            pending: VecDeque::new(),
-            inbox: Vec::new(),
+            pending: ByteQueue::default(),
+            inbox: ByteQueue::default(),
             lost: false,
             ev: core::mem::zeroed(),
             started: None,
@@ -91,15 +92,21 @@ impl Tracker {
         t
     }
 
-    /// Asks Redis to tell this worker when `key` changes. False while that cannot be had (the
-    /// tracker connecting, refused, too much pending): then a change could go unheard.
-    pub fn track(&mut self, key: &[u8]) -> bool {
+    /// Asks Redis to tell this worker when the key made of `key`'s parts changes. False while
+    /// that cannot be had (the tracker connecting, refused, too much pending): then a change
+    /// could go unheard.
+    pub fn track(&mut self, key: &[&[u8]]) -> bool {
         match self.state {
             State::Ready if self.pending.len() < MAX_PENDING => {
                 let Some(trk) = self.trk else { return false };
+                let exists = |out: &mut Vec<u8>| {
+                    resp::put_array_len(out, 2);
+                    resp::put_bulk(out, b"EXISTS");
+                    resp::put_bulk_parts(out, key);
+                };
                 // SAFETY: a connection in `trk` is alive: its closing clears the field first.
-                unsafe { Conn::send(trk, &resp::command(&[b"EXISTS", key])) };
-                self.pending.push_back(key.to_vec());
+                unsafe { Conn::send(trk, exists) };
+                self.pending.push(key, ());
                 true
             }
             State::Idle => {
@@ -123,7 +130,7 @@ impl Tracker {
             Ok(sub) => {
                 self.sub = Some(sub);
                 // SAFETY: just made.
-                unsafe { Conn::send(sub, &resp::command(&[b"CLIENT", b"ID"])) };
+                unsafe { Conn::send(sub, |out| resp::put_command(out, &[b"CLIENT", b"ID"])) };
                 self.state = State::Identifying;
             }
             // The node's own decisions report connect failures.
@@ -131,10 +138,10 @@ impl Tracker {
         }
     }
 
-    /// A reply on one of the two connections (`sub`: the subscriber's), from its read: kept
-    /// for the event, which may write to and close connections.
-    pub(super) fn replied(&mut self, sub: bool, reply: Reply) {
-        self.inbox.push((sub, reply));
+    /// A reply on one of the two connections (`sub`: the subscriber's), from its read: its
+    /// bytes kept for the event, which may write to and close connections.
+    pub(super) fn replied(&mut self, sub: bool, reply: View<'_>) {
+        self.inbox.push(&[reply.bytes()], sub);
         self.post();
     }
 
@@ -158,18 +165,20 @@ impl Tracker {
     }
 
     fn run(&mut self) {
-        for (sub, reply) in core::mem::take(&mut self.inbox) {
+        let mut inbox = core::mem::take(&mut self.inbox);
+        while let Some((reply, sub)) = inbox.pop_front() {
             if self.state == State::Idle {
                 break;
             }
-            self.handle(sub, &reply);
+            self.handle(sub, View::of(reply));
         }
+        self.inbox.recycle(inbox);
         if self.lost {
             self.stop();
         }
     }
 
-    fn handle(&mut self, sub: bool, reply: &Reply) {
+    fn handle(&mut self, sub: bool, reply: View<'_>) {
         match (self.state, sub, event(reply)) {
             // Redis restarted and loading its data: asked again like after a lost connection.
             (_, _, Event::Error(e)) if breaker::passing(e) => self.stop(),
@@ -197,16 +206,16 @@ impl Tracker {
             (State::Enabling, false, Event::Ok(_)) => self.state = State::Ready,
             (State::Ready, false, Event::Ok(n)) => {
                 // A key gone before its tracking began changed meanwhile (`DEL`, `FLUSHALL`).
-                if let Some(key) = self.pending.pop_front() {
+                if let Some((key, ())) = self.pending.pop_front() {
                     if n == 0 {
-                        invalidation::gone(&key);
+                        invalidation::gone(key);
                     } else {
-                        invalidation::present(&key);
+                        invalidation::present(key);
                     }
                 }
             }
             (State::Ready | State::Enabling, true, Event::Keys(keys)) => {
-                keys.into_iter().for_each(invalidation::forget);
+                keys.for_each(invalidation::forget);
             }
             (State::Ready | State::Enabling, true, Event::All) => invalidation::forget_all(),
             _ => self.refused("an unexpected reply"),
@@ -216,7 +225,7 @@ impl Tracker {
     fn send(&mut self, sub: bool, args: &[&[u8]]) {
         if let Some(c) = if sub { self.sub } else { self.trk } {
             // SAFETY: a connection held here is alive (see `track`).
-            unsafe { Conn::send(c, &resp::command(args)) };
+            unsafe { Conn::send(c, |out| resp::put_command(out, args)) };
         }
     }
 

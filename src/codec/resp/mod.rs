@@ -363,7 +363,7 @@ impl<'a> View<'a> {
     }
 
     /// The reply as a tree, for the readers that keep or walk all of it (a set-up's answer,
-    /// `CLUSTER SLOTS`, a sentinel's, an invalidation).
+    /// `CLUSTER SLOTS`, a sentinel's).
     pub fn to_reply(self) -> Result<Reply, ProtocolError> {
         match decode_at(self.0, 0, 0)? {
             Some((reply, _)) => Ok(reply),
@@ -490,7 +490,7 @@ pub fn bulk_strings(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 mod write;
 pub use write::{
     auth_command, command, error_reply, fmt_u64, put_array_len, put_bulk, put_bulk_int,
-    put_bulk_parts,
+    put_bulk_parts, put_command,
 };
 
 #[cfg(test)]

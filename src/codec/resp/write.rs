@@ -45,14 +45,20 @@ pub fn put_bulk_int(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&arg[at..]);
 }
 
-/// A command of bulk-string arguments.
+/// A command of bulk-string arguments, kept to be sent (again) later.
 pub fn command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
-    put_array_len(&mut out, args.len());
-    for arg in args {
-        put_bulk(&mut out, arg);
-    }
+    put_command(&mut out, args);
     out
+}
+
+/// Appends a command of bulk-string arguments: written where it is sent from, not assembled
+/// apart and copied.
+pub fn put_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    put_array_len(out, args.len());
+    for arg in args {
+        put_bulk(out, arg);
+    }
 }
 
 /// An error reply of `text` (one line), as Redis would send it: a `MOVED` or `ASK` reply is

@@ -49,10 +49,16 @@ impl Leases {
     }
 
     /// The checks to send for `key` now that its tracking is renewed (`EXISTS` answered, `gone`
-    /// if the key was not there): one per reservation of the key being checked, and when it is
-    /// gone, one per reservation, none spent until its check answers.
-    pub fn checks(&mut self, zones: usize, key: &[u8], gone: bool, now: u64) -> Vec<Check> {
-        let mut out = Vec::new();
+    /// if the key was not there), each handed to `send`: one per reservation of the key being
+    /// checked, and when it is gone, one per reservation, none spent until its check answers.
+    pub fn checks(
+        &mut self,
+        zones: usize,
+        key: &[u8],
+        gone: bool,
+        now: u64,
+        mut send: impl FnMut(Check),
+    ) {
         for zone in 0..zones {
             let Some(h) = self.entry(&TableKey::new(zone, &[key])).and_then(|e| e.held.as_mut())
             else {
@@ -61,10 +67,9 @@ impl Leases {
             h.suspect |= gone;
             if h.checking == Checking::Tracking || (gone && h.checking == Checking::No) {
                 (h.checking, h.checking_since) = (Checking::Rid, now);
-                out.push(Check { zone, rid: h.grant.rid });
+                send(Check { zone, rid: h.grant.rid });
             }
         }
-        out
     }
 
     /// Redis answered a check of `key` (`None`: it did not): a reservation still of the key's

@@ -115,10 +115,14 @@ pub enum Place {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodedArgs {
     call: Args,
-    /// Per zone, whether it asks for a reservation or may wait (and so is answered with seven
-    /// fields); empty when none does.
-    leased: Vec<bool>,
+    /// Bit i: whether zone i asks for a reservation or may wait (and so is answered with seven
+    /// fields). A location names at most [`MAX_ZONES`] zones.
+    leased: u64,
 }
+
+/// The most zones one decision (a location) may name: `nginx -t` refuses more.
+pub const MAX_ZONES: usize = 64;
+const _: () = assert!(MAX_ZONES <= u64::BITS as usize);
 
 impl EncodedArgs {
     /// `now_ms` is `None` for `clock=redis`: the script then reads Redis `TIME`. The zones are
@@ -149,7 +153,7 @@ impl EncodedArgs {
             Some(now) => resp::put_bulk_int(&mut bytes, now),
             None => resp::put_bulk(&mut bytes, b""),
         }
-        let mut leased = Vec::new();
+        let mut leased = 0u64;
         for (i, z) in zones.enumerate() {
             let code = match z.algorithm {
                 Algorithm::SlidingLog if z.member.is_some() => b"r",
@@ -158,8 +162,8 @@ impl EncodedArgs {
             if z.lease.is_none() && z.delay.is_none() && z.place == Place::No {
                 resp::put_bulk(&mut bytes, code);
             } else {
-                leased.resize(count, false);
-                leased[i] = true;
+                // i < MAX_ZONES: more is refused by `nginx -t`.
+                leased |= 1 << i;
                 let mut field = StackText::default();
                 field.push(code);
                 if let Some((want, life_ms)) = z.lease {
@@ -190,41 +194,51 @@ impl EncodedArgs {
         EncodedArgs { call: Args::new(bytes, keys_len, count), leased }
     }
 
-    /// A decision of its own that returns a reservation's unspent units (`G<letter><rid>`).
-    pub fn give_back(g: &GiveBack, algorithm: Algorithm) -> Self {
+    /// A decision of its own that returns a reservation's unspent units (`G<letter><rid>`),
+    /// written in `room` (each of these builders: a buffer kept from an earlier one, or new).
+    pub fn give_back(room: Vec<u8>, g: &GiveBack, algorithm: Algorithm) -> Self {
         let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let token = resp::fmt_u64(g.token, &mut digits);
         let op = rid_op(&mut op, &[b'G', algorithm.code()[0]], g.rid);
-        Self::one_zone(&g.key, op, g.limit, g.window_ms, g.units, token)
+        Self::one_zone(room, &g.key, op, g.limit, g.window_ms, g.units, token)
     }
 
     /// A decision of its own that charges `g.units` more of a placement's key, past its limit
     /// (`C<letter><rid>`): a settled value above the estimate. `burst` as the zone's decisions
     /// send it (gcra's, a balance's default).
-    pub fn charge(g: &GiveBack, algorithm: Algorithm, burst: u64) -> Self {
+    pub fn charge(room: Vec<u8>, g: &GiveBack, algorithm: Algorithm, burst: u64) -> Self {
         let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let burst = resp::fmt_u64(burst, &mut digits);
         let op = rid_op(&mut op, &[b'C', algorithm.code()[0]], g.rid);
-        Self::one_zone(&g.key, op, g.limit, g.window_ms, g.units, burst)
+        Self::one_zone(room, &g.key, op, g.limit, g.window_ms, g.units, burst)
     }
 
     /// A decision of its own that asks whether the reservation `rid` is still of the present
     /// life of `key` (`V<rid>`): it reads only.
-    pub fn check(key: &[u8], rid: u64) -> Self {
+    pub fn check(room: Vec<u8>, key: &[u8], rid: u64) -> Self {
         let mut op = [0u8; 21];
         let op = rid_op(&mut op, b"V", rid);
-        Self::one_zone(key, op, 1, 1, 0, b"0")
+        Self::one_zone(room, key, op, 1, 1, 0, b"0")
     }
 
     /// A concurrency slot's release (`Gn`) or renewal (`Rn`), a decision of its own.
-    pub fn slot_op(op: SlotOp, s: &SlotRef<'_>) -> Self {
+    pub fn slot_op(room: Vec<u8>, op: SlotOp, s: &SlotRef<'_>) -> Self {
         let op: &[u8] = if op == SlotOp::Release { b"Gn" } else { b"Rn" };
-        Self::one_zone(s.key, op, s.limit, s.life_ms, 1, s.member)
+        Self::one_zone(room, s.key, op, s.limit, s.life_ms, 1, s.member)
     }
 
     /// A one-zone decision a worker sends without a request, on its script clock ("").
-    fn one_zone(key: &[u8], op: &[u8], limit: u64, window_ms: u64, cost: u64, last: &[u8]) -> Self {
-        let mut bytes = Vec::with_capacity(key.len() + last.len() + 64);
+    fn one_zone(
+        mut bytes: Vec<u8>,
+        key: &[u8],
+        op: &[u8],
+        limit: u64,
+        window_ms: u64,
+        cost: u64,
+        last: &[u8],
+    ) -> Self {
+        bytes.clear();
+        bytes.reserve(key.len() + last.len() + 64);
         resp::put_bulk(&mut bytes, key);
         let keys_len = bytes.len();
         resp::put_bulk(&mut bytes, b"");
@@ -233,12 +247,12 @@ impl EncodedArgs {
         resp::put_bulk_int(&mut bytes, window_ms);
         resp::put_bulk_int(&mut bytes, cost);
         resp::put_bulk(&mut bytes, last);
-        EncodedArgs { call: Args::new(bytes, keys_len, 1), leased: Vec::new() }
+        EncodedArgs { call: Args::new(bytes, keys_len, 1), leased: 0 }
     }
 
     /// Whether zone `i` asked for a reservation.
     pub fn leased(&self, i: usize) -> bool {
-        self.leased.get(i).copied().unwrap_or(false)
+        i < MAX_ZONES && self.leased & (1 << i) != 0
     }
 
     /// The share of a script call that carries it.

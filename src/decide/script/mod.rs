@@ -14,10 +14,10 @@ mod spare;
 #[cfg(test)]
 mod tests;
 
-pub use args::{EncodedArgs, EncodedFigures, Place, SlotOp, SlotRef, ZoneArgs};
-pub use reply::{
-    decode_decision, decode_reply, decode_reply_in, Decision, ReplyError, ZoneVerdict,
-};
+pub use args::{EncodedArgs, EncodedFigures, Place, SlotOp, SlotRef, ZoneArgs, MAX_ZONES};
+#[cfg(test)]
+pub use reply::decode_decision;
+pub use reply::{decode_one, decode_reply, decode_reply_in, Decision, ReplyError, ZoneVerdict};
 pub use spare::Spare;
 
 /// The decision script. The files in `lua/` are the single source of truth; tests that run the

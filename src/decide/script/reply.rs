@@ -54,9 +54,20 @@ pub enum ReplyError {
     Unexpected,
 }
 
-/// Reads the script's reply for a decision over `zones` zones, none asking for a reservation.
+/// Reads the script's reply for a decision over `zones` zones, none asking for a reservation:
+/// the tests' reading of any such reply (the module's are of one zone: [`decode_one`]).
+#[cfg(test)]
 pub fn decode_decision(reply: View<'_>, zones: usize) -> Result<Decision, ReplyError> {
     decode_args_reply(reply, zones, |_| false, Vec::new())
+}
+
+/// Reads the script's reply for a decision of one zone that asked for no reservation (a
+/// give-back, a check, a slot's renewal, the admin's): whether it was allowed, and the zone's
+/// verdict. No heap allocation.
+pub fn decode_one(reply: View<'_>) -> Result<(bool, ZoneVerdict), ReplyError> {
+    let mut verdict = None;
+    let (allowed, _) = read_verdicts(reply, 1, |_| false, |v| verdict = Some(v))?;
+    verdict.map(|v| (allowed, v)).ok_or(ReplyError::Unexpected)
 }
 
 /// Reads the script's reply for the decision `args` encoded.
@@ -73,14 +84,29 @@ pub fn decode_reply_in(
     decode_args_reply(reply, args.call().zones(), |i| args.leased(i), room)
 }
 
-/// A zone that asked for a reservation or may wait answers seven fields, the others three. The
-/// integers are read straight from the reply's bytes, in order.
+/// Reads the script's reply, each zone's verdict into `verdicts` (`room`).
 fn decode_args_reply(
     reply: View<'_>,
     zones: usize,
     leased: impl Fn(usize) -> bool,
     mut verdicts: Vec<ZoneVerdict>,
 ) -> Result<Decision, ReplyError> {
+    // Sized once: collecting results through an iterator of `Result`s starts small and grows.
+    verdicts.clear();
+    verdicts.reserve(zones);
+    let (allowed, wait_ms) = read_verdicts(reply, zones, leased, |v| verdicts.push(v))?;
+    Ok(Decision { allowed, wait_ms, zones: verdicts })
+}
+
+/// A zone that asked for a reservation or may wait answers seven fields, the others three. The
+/// integers are read straight from the reply's bytes, in order, each zone's verdict handed to
+/// `verdict`. Returns whether the decision was allowed, and after what wait.
+fn read_verdicts(
+    reply: View<'_>,
+    zones: usize,
+    leased: impl Fn(usize) -> bool,
+    mut verdict: impl FnMut(ZoneVerdict),
+) -> Result<(bool, u64), ReplyError> {
     let len = 1 + (0..zones).map(|z| if leased(z) { 7 } else { 3 }).sum::<usize>();
     let mut items = match reply.items() {
         Some(items) if items.len() == len && zones > 0 => items,
@@ -103,9 +129,8 @@ fn decode_args_reply(
         2 if (0..zones).all(&leased) => (true, true),
         _ => return Err(ReplyError::Unexpected),
     };
-    // Sized once: collecting results through an iterator of `Result`s starts small and grows.
-    verdicts.clear();
-    verdicts.reserve(zones);
+    // Every zone's place lasts until the wait's end, the same instant in all.
+    let mut wait_ms = None;
     for z in 0..zones {
         let mut v = ZoneVerdict {
             ok: int()? == 1,
@@ -116,15 +141,15 @@ fn decode_args_reply(
         if leased(z) {
             v.grant = Grant { units: int()?, life_ms: int()?, token: int()?, rid: int()? };
         }
-        verdicts.push(v);
+        if allowed && !v.ok {
+            return Err(ReplyError::Unexpected);
+        }
+        if delayed
+            && (v.grant.life_ms == 0 || *wait_ms.get_or_insert(v.grant.life_ms) != v.grant.life_ms)
+        {
+            return Err(ReplyError::Unexpected);
+        }
+        verdict(v);
     }
-    if allowed && verdicts.iter().any(|z| !z.ok) {
-        return Err(ReplyError::Unexpected);
-    }
-    // Every zone's place lasts until the wait's end, the same instant in all.
-    let wait_ms = if delayed { verdicts[0].grant.life_ms } else { 0 };
-    if delayed && (wait_ms == 0 || verdicts.iter().any(|z| z.grant.life_ms != wait_ms)) {
-        return Err(ReplyError::Unexpected);
-    }
-    Ok(Decision { allowed, wait_ms, zones: verdicts })
+    Ok((allowed, wait_ms.unwrap_or(0)))
 }

@@ -226,12 +226,12 @@ fn a_give_back_is_a_decision_of_its_own() {
         limit: 100,
         window_ms: 60_000,
     };
-    let args = EncodedArgs::give_back(&g, Algorithm::SlidingLog);
+    let args = EncodedArgs::give_back(Vec::new(), &g, Algorithm::SlidingLog);
     let op = "Gl1700000000123456";
     assert_call(&args, &["1", "rl:api:a", "", op, "100", "60000", "3", "1234"]);
-    let charge = EncodedArgs::charge(&g, Algorithm::Gcra, 7);
+    let charge = EncodedArgs::charge(Vec::new(), &g, Algorithm::Gcra, 7);
     assert_call(&charge, &["1", "rl:api:a", "", "Cg1700000000123456", "100", "60000", "3", "7"]);
-    let check = EncodedArgs::check(b"rl:api:a", u64::MAX);
+    let check = EncodedArgs::check(Vec::new(), b"rl:api:a", u64::MAX);
     assert_call(&check, &["1", "rl:api:a", "", "V18446744073709551615", "1", "1", "0", "0"]);
 }
 
@@ -243,9 +243,9 @@ fn a_concurrency_zone_sends_its_member_and_a_slot_is_released_or_renewed_alone()
     let args = EncodedArgs::new([z].into_iter(), None);
     assert_call(&args, &["1", "rl:conc:a", "", "n", "100", "5000", "1", "f00d"]);
     let s = SlotRef { key: b"rl:conc:a", limit: 5, life_ms: 5000, member: b"f00d" };
-    let release = EncodedArgs::slot_op(SlotOp::Release, &s);
+    let release = EncodedArgs::slot_op(Vec::new(), SlotOp::Release, &s);
     assert_call(&release, &["1", "rl:conc:a", "", "Gn", "5", "5000", "1", "f00d"]);
-    let renew = EncodedArgs::slot_op(SlotOp::Renew, &s);
+    let renew = EncodedArgs::slot_op(Vec::new(), SlotOp::Renew, &s);
     assert_call(&renew, &["1", "rl:conc:a", "", "Rn", "5", "5000", "1", "f00d"]);
     // A renewal that finds the slot gone: not allowed, the zone not ok.
     assert!(!decode_decision(View::of(&ints(&[0, 0, 4, 0])), 1).unwrap().allowed);
@@ -491,6 +491,11 @@ fn decodes_allow_and_deny() {
     assert_eq!(d.deciding_zone(), 2);
     let d = decode_decision(View::of(&ints(&[1, 1, 5, 100, 1, 2, 900])), 2).unwrap();
     assert_eq!(d.deciding_zone(), 1);
+    // One zone, as give-backs, checks and renewals read it: the same verdict, no list.
+    for reply in [ints(&[1, 1, 41, 17_000]), ints(&[0, 0, 0, 900])] {
+        let d = decode_decision(View::of(&reply), 1).unwrap();
+        assert_eq!(decode_one(View::of(&reply)), Ok((d.allowed, d.zones[0])));
+    }
 }
 
 #[test]
@@ -524,5 +529,10 @@ fn rejects_bad_replies() {
     ];
     for bad in bad {
         assert_eq!(decode_decision(View::of(bad), 1), Err(ReplyError::Unexpected), "{bad:?}");
+        assert_eq!(decode_one(View::of(bad)), Err(ReplyError::Unexpected), "{bad:?}");
     }
+    assert_eq!(
+        decode_one(View::of(b"-NOSCRIPT No matching script\r\n")),
+        Err(ReplyError::NoScript)
+    );
 }

@@ -2,10 +2,14 @@
 //! deny cache), reservations (`lease=`) and the concurrency slots its requests hold; and what
 //! Redis said changed, heard before any of it is trusted.
 
+use std::cell::RefCell;
+
 use ngx::ffi::ngx_current_msec;
 
+use crate::codec::byte_queue::ByteQueue;
+
 use crate::decide::deny_cache::{Denial, DenyCache, UNTIL_CHANGED};
-use crate::decide::lease::Leases;
+use crate::decide::lease::{Check, Leases};
 use crate::decide::script::{Algorithm, Decision};
 use crate::decide::slots::Slots;
 use crate::decide::status::Status;
@@ -26,6 +30,12 @@ const UNTRACKED_DENIAL_MS: u64 = 100;
 
 /// Keys with reservations or demand counts per worker; more keys are decided exactly.
 const LEASE_ENTRIES: usize = 10_000;
+
+thread_local! {
+    // The checks by rid `hear_changes` sends, each with its key: kept between calls, so that
+    // once sized it allocates nothing (a worker is one thread).
+    static CHECKS: RefCell<ByteQueue<Check>> = RefCell::default();
+}
 
 /// Answers from this worker's memory when Redis recently rejected one of the request's zones
 /// until later than now: no unit of that zone can free before then.
@@ -63,7 +73,7 @@ pub(super) fn hear_changes(mcf: &MainConf) {
     let entries = cache.as_ref().map_or(0, |c| c.len());
     let zones = mcf.zones.len();
     // Sent once the tables are let go: a check the pool refuses is answered at once.
-    let mut checks = Vec::new();
+    let mut checks = CHECKS.with(|c| core::mem::take(&mut *c.borrow_mut()));
     // SAFETY: the worker's cached clock, read on its only thread.
     let now = unsafe { ngx_current_msec } as u64;
     invalidation::drain(|f| {
@@ -86,8 +96,7 @@ pub(super) fn hear_changes(mcf: &MainConf) {
                 // granted after a reset is of the new life, and only its rid can tell.
                 Forget::Gone(key) | Forget::Present(key) => {
                     let gone = matches!(f, Forget::Gone(_));
-                    let c = leases.checks(zones, key, gone, now);
-                    checks.extend(c.into_iter().map(|c| (key.to_vec(), c)));
+                    leases.checks(zones, key, gone, now, |c| checks.push(&[key], c));
                 }
                 Forget::Key(key) => {
                     let zone = leases.changed(zones, key, now);
@@ -102,7 +111,10 @@ pub(super) fn hear_changes(mcf: &MainConf) {
         mcf.metrics.get().deny_cache_entries(cache.len() as i64 - entries as i64);
     }
     drop((cache, leases));
-    checks.into_iter().for_each(|(key, c)| giveback::check(mcf, &key, c));
+    while let Some((key, c)) = checks.pop_front() {
+        giveback::check(mcf, key, c);
+    }
+    CHECKS.with(|c| c.borrow_mut().recycle(checks));
 }
 
 /// `lease=`: admits the request from this worker's reservations when every zone has the units,

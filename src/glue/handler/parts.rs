@@ -42,12 +42,7 @@ pub(super) struct Part {
 impl Part {
     pub(super) fn new(ctx: *mut Ctx, backend: usize, from: usize, to: usize) -> Self {
         Part {
-            waiter: Waiter {
-                result: None,
-                token: None,
-                ev: ptr::null_mut(),
-                pool: ptr::null_mut(),
-            },
+            waiter: Waiter::new(ptr::null_mut()),
             // SAFETY: all-zero is an idle event.
             ev: unsafe { core::mem::zeroed() },
             args: EncodedArgs::default(),

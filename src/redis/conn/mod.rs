@@ -252,13 +252,14 @@ impl Conn {
         Ok(conn)
     }
 
-    /// Writes a command of a dedicated connection; its reply goes to the tracker.
+    /// Writes a command of a dedicated connection (`write` appends it to the output, where it
+    /// is encoded); its reply goes to the tracker.
     ///
     /// # Safety
     /// `this` is a live dedicated connection.
-    pub unsafe fn send(this: NonNull<Conn>, bytes: &[u8]) {
+    pub unsafe fn send(this: NonNull<Conn>, write: impl FnOnce(&mut Vec<u8>)) {
         let conn = &mut *this.as_ptr();
-        conn.out.extend_from_slice(bytes);
+        write(&mut conn.out);
         let sent = Sent::new(ngx_current_msec, 0, Instant::now(), resp::MAX_REPLY_LEN);
         conn.sent.push_back(sent);
         ngx_post_event(&mut conn.flush_ev, ptr::addr_of_mut!(ngx_posted_events));

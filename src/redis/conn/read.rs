@@ -1,6 +1,6 @@
 //! A connection's reading side: replies framed as they arrive and matched in order to what was
 //! written: set-up answers judged by the node, a call's replies handed to its decisions as their
-//! bytes, those to send again requeued, a tracking connection's decoded for its tracker, and the
+//! bytes, those to send again requeued, a tracking connection's kept for its tracker, and the
 //! connection kept idle, closed or replaced after.
 
 use core::ptr::{self, NonNull};
@@ -86,12 +86,7 @@ impl Conn {
                         if let Some((tracker, sub)) = conn.dedicated {
                             if sent.as_ref().is_none_or(|s| s.setup.is_none()) {
                                 // Asked for or not: an invalidation comes unasked.
-                                match reply.to_reply() {
-                                    Ok(reply) => (*tracker.as_ptr()).replied(sub, reply),
-                                    Err(e) => {
-                                        return Conn::close(this, RedisError::Protocol(e), true)
-                                    }
-                                }
+                                (*tracker.as_ptr()).replied(sub, reply);
                                 continue;
                             }
                         }
