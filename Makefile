@@ -524,7 +524,7 @@ bench-lease: deps-bench
 	bench/lease.sh
 
 # The worker's own instructions per request under callgrind: no limiter, limit_req, exact,
-# lease=auto (also without headers), two leased zones, a deny-cache rejection (also without
+# lease=auto (also without headers), two and four leased zones, a deny-cache rejection (also without
 # headers), limit_req rejecting; 3 runs each (about 20 minutes; INSTRUCTIONS_ARGS="--runs 1").
 .PHONY: bench-instructions
 bench-instructions: deps-bench

@@ -14,6 +14,8 @@ one configuration so that start-up costs the same:
   lease        the same zone with lease=auto (admitted from this worker's reservations)
   lease_bare   the same, `ratelimit_headers off`: what the three headers cost nginx
   two_leases   two leased zones, per client address and per key
+  four_leases  four leased zones, per client address, key, route and host (issue 30's "up to 4
+               zones" for its allocations)
   deny         a rejection answered from the deny cache (limit 1 per 60 s, taken in warm-up)
   deny_bare    the same, `ratelimit_headers off` (Retry-After stays: every rejection has it)
   limit_req_deny  limit_req rejecting (rate=1r/m, no burst): what the deny cache is held to
@@ -69,6 +71,7 @@ CONTENDERS = [
     ("lease", "/lease/", "`ratelimit` lease=auto"),
     ("lease_bare", "/bare/", "`ratelimit` lease=auto, `ratelimit_headers off`"),
     ("two_leases", "/two/", "`ratelimit` two leased zones (address, key)"),
+    ("four_leases", "/four/", "`ratelimit` four leased zones (address, key, route, host)"),
     ("deny", "/deny/", "`ratelimit` rejection from the deny cache"),
     ("deny_bare", "/denybare/", "`ratelimit` deny cache, `ratelimit_headers off`"),
     ("limit_req_deny", "/lrdeny/", "`limit_req` rejecting"),
@@ -132,6 +135,8 @@ def nginx_conf(tmp, module, nport, rport):
     ratelimit_zone leased key=$http_x_consumer_id limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone per_addr key=$binary_remote_addr limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone per_key  key=$http_x_consumer_id limit=10000000 window=60s algorithm=sliding_counter lease=auto;
+    ratelimit_zone per_route key=$uri limit=10000000 window=60s algorithm=sliding_counter lease=auto;
+    ratelimit_zone per_host key=$host limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone denied key=$http_x_consumer_id limit=1 window=60s algorithm=sliding_counter;
 
     server {{
@@ -144,6 +149,7 @@ def nginx_conf(tmp, module, nport, rport):
         location /lease/ {{ ratelimit leased; try_files /index.html =404; }}
         location /bare/ {{ ratelimit leased; ratelimit_headers off; try_files /index.html =404; }}
         location /two/ {{ ratelimit per_addr; ratelimit per_key; try_files /index.html =404; }}
+        location /four/ {{ ratelimit per_addr; ratelimit per_key; ratelimit per_route; ratelimit per_host; try_files /index.html =404; }}
         location /deny/ {{ ratelimit denied; try_files /index.html =404; }}
         location /denybare/ {{ ratelimit denied; ratelimit_headers off; try_files /index.html =404; }}
     }}
