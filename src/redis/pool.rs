@@ -22,6 +22,7 @@ use super::conn::{Conn, MAX_OUTSTANDING};
 use super::node::{Addr, NodePool, Role};
 use super::sentinel::Sentinel;
 use super::topology::Redirect;
+use crate::codec::buffers::Buffers;
 use crate::codec::call::Args;
 use crate::codec::resp::{ProtocolError, View, MAX_REPLY_LEN};
 use crate::codec::slot::key_slot;
@@ -132,7 +133,7 @@ impl Frame {
     unsafe fn copy(bytes: &[u8], pool: *mut ngx_pool_t) -> Frame {
         let to = if pool.is_null() { ptr::null_mut() } else { ngx_pnalloc(pool, bytes.len()) };
         if to.is_null() {
-            let mut room = SPARE_FRAMES.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+            let mut room = SPARE_FRAMES.with(|s| s.borrow_mut().take());
             room.extend_from_slice(bytes);
             return Frame(Kept::Heap(room));
         }
@@ -150,33 +151,21 @@ impl Frame {
     }
 }
 
-/// Heap buffers of replies whose frames were dropped, at most this many, and none larger than
-/// `SPARE_FRAME_BYTES`: the replies of decisions sent without a request (give-backs, checks,
-/// renewals) come and go all the time, a `CLUSTER SLOTS` answer rarely.
-const SPARE_FRAMES_KEPT: usize = 16;
-const SPARE_FRAME_BYTES: usize = 4096;
-
 std::thread_local! {
-    // A worker is one thread.
-    static SPARE_FRAMES: core::cell::RefCell<Vec<Vec<u8>>> = const {
-        core::cell::RefCell::new(Vec::new())
+    /// Heap buffers of replies whose frames were dropped, 16 of 4 KiB at most: the replies of
+    /// decisions sent without a request (give-backs, checks, renewals) come and go all the time,
+    /// a `CLUSTER SLOTS` answer rarely. A worker is one thread.
+    static SPARE_FRAMES: core::cell::RefCell<Buffers> = const {
+        core::cell::RefCell::new(Buffers::new(16, 4096))
     };
 }
 
 impl Drop for Frame {
     fn drop(&mut self) {
         if let Kept::Heap(bytes) = &mut self.0 {
-            if bytes.capacity() <= SPARE_FRAME_BYTES {
-                let mut room = core::mem::take(bytes);
-                room.clear();
-                // Not at the worker's exit, once the list is gone.
-                let _ = SPARE_FRAMES.try_with(|s| {
-                    let mut s = s.borrow_mut();
-                    if s.len() < SPARE_FRAMES_KEPT {
-                        s.push(room);
-                    }
-                });
-            }
+            let room = core::mem::take(bytes);
+            // Not at the worker's exit, once the list is gone.
+            let _ = SPARE_FRAMES.try_with(|s| s.borrow_mut().keep(room));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! burst of long keys or many zones leaves no large buffers behind.
 
 use super::ZoneVerdict;
+use crate::codec::buffers::Buffers;
 
 /// Argument buffers kept: about the decisions a worker has on their way at once.
 const ARGS_KEPT: usize = 64;
@@ -11,24 +12,26 @@ const ARGS_KEPT_BYTES: usize = 1024;
 /// Verdicts kept room for: more zones than a location names in practice.
 const VERDICTS_KEPT: usize = 16;
 
-#[derive(Default)]
 pub struct Spare {
-    args: Vec<Vec<u8>>,
+    args: Buffers,
     verdicts: Vec<ZoneVerdict>,
+}
+
+impl Default for Spare {
+    fn default() -> Self {
+        Spare { args: Buffers::new(ARGS_KEPT, ARGS_KEPT_BYTES), verdicts: Vec::new() }
+    }
 }
 
 impl Spare {
     /// An empty buffer for a decision's arguments, with room if one was kept.
     pub fn args(&mut self) -> Vec<u8> {
-        self.args.pop().unwrap_or_default()
+        self.args.take()
     }
 
     /// A decision's arguments, done with: their room is kept for the next one.
-    pub fn keep_args(&mut self, mut bytes: Vec<u8>) {
-        if self.args.len() < ARGS_KEPT && (1..=ARGS_KEPT_BYTES).contains(&bytes.capacity()) {
-            bytes.clear();
-            self.args.push(bytes);
-        }
+    pub fn keep_args(&mut self, bytes: Vec<u8>) {
+        self.args.keep(bytes);
     }
 
     /// An empty list for a reply's verdicts, with room if some was kept.
@@ -50,21 +53,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn room_is_reused_and_bounded() {
+    fn verdicts_room_is_reused_and_bounded() {
         let mut s = Spare::default();
-        assert_eq!(s.args().capacity(), 0, "nothing kept yet");
-        let mut b = Vec::with_capacity(200);
-        b.extend_from_slice(b"*1\r\n");
-        let at = b.as_ptr();
-        s.keep_args(b);
-        let again = s.args();
-        assert_eq!((again.as_ptr(), again.len()), (at, 0), "the same room, emptied");
-        s.keep_args(Vec::with_capacity(ARGS_KEPT_BYTES + 1));
-        s.keep_args(Vec::new());
-        assert_eq!(s.args().capacity(), 0, "neither a grown buffer nor an empty one is kept");
-        (0..ARGS_KEPT + 5).for_each(|_| s.keep_args(Vec::with_capacity(64)));
-        assert_eq!(s.args.len(), ARGS_KEPT);
-
         let v = Vec::with_capacity(2);
         let at = v.as_ptr();
         s.keep_verdicts(v);
