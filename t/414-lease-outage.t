@@ -29,10 +29,11 @@ sub hold {
     my @st = map { rl(http_get("/$p?k=$k")) } 1 .. 2;
     is("@st", 'PASSED PASSED_LEASE', "$p/$k: 19 units held");
 }
-# Until then: a grant starts the worker's tracker (under valgrind a cold worker's first
-# decisions may take their whole timeout), at most once a second; a grant within a second of
-# the last start leaves it to a later one. So each try asks for a grant of a key of its own,
-# until Redis lists the tracking connection; then its reply has a moment to reach the worker.
+# Until then: a grant starts the worker's tracker, at most once a second (one within a second
+# of the last start puts it off to that second's end, t/192). Under valgrind a cold worker's
+# first decisions may take their whole timeout and grant nothing, so each try asks for a grant
+# of a key of its own, until Redis lists the tracking connection; then its reply has a moment
+# to reach the worker.
 my $probes = 0;
 sub tracked {
     wait_until(20, sub { rl(http_get('/closed?k=probe')) =~ /^PASSED/ });

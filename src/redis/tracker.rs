@@ -6,14 +6,15 @@
 //! Two connections of their own, never used for decisions: a subscriber (`CLIENT ID`, then
 //! `SUBSCRIBE __redis__:invalidate`) and a tracking connection (`CLIENT TRACKING on REDIRECT
 //! <id>`), on which each remembered key is read once (`EXISTS`). Losing either loses the
-//! tracking, so everything remembered is forgotten and both start again when next needed.
+//! tracking, so everything remembered is forgotten and both start again when next needed: at
+//! once, or, asked within a second of the last start, when that second is over.
 
 use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_current_msec, ngx_cycle, ngx_delete_posted_event, ngx_event_t, ngx_post_event,
-    ngx_posted_events, NGX_LOG_ERR,
+    ngx_add_timer, ngx_current_msec, ngx_cycle, ngx_del_timer, ngx_delete_posted_event,
+    ngx_event_t, ngx_msec_t, ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
 
@@ -89,6 +90,8 @@ impl Tracker {
         t.ev.handler = Some(on_event);
         t.ev.data = p as *mut c_void;
         t.ev.log = (*ngx_cycle).log;
+        // A start put off (`start`) is not worth keeping a quitting worker alive for.
+        t.ev.set_cancelable(1);
         t
     }
 
@@ -120,7 +123,14 @@ impl Tracker {
     fn start(&mut self) {
         // SAFETY: the worker's clock.
         let now = unsafe { ngx_current_msec } as u64;
-        if self.started.is_some_and(|t| now.wrapping_sub(t) < self.restart_after) {
+        if let Some(t) = self.started.filter(|&t| now.wrapping_sub(t) < self.restart_after) {
+            // Asked for meanwhile: started when the wait is over, not at the next ask after it.
+            // Until then what is remembered lives briefly only, and a quiet key may not ask again.
+            if self.ev.timer_set() == 0 {
+                let left = self.restart_after - now.wrapping_sub(t);
+                // SAFETY: the event is this pinned tracker's; `destroy` removes its timer.
+                unsafe { ngx_add_timer(&mut self.ev, left as ngx_msec_t) };
+            }
             return;
         }
         self.started = Some(now);
@@ -165,6 +175,12 @@ impl Tracker {
     }
 
     fn run(&mut self) {
+        if self.ev.timedout() != 0 {
+            self.ev.set_timedout(0);
+            if self.state == State::Idle {
+                self.start();
+            }
+        }
         let mut inbox = core::mem::take(&mut self.inbox);
         while let Some((reply, sub)) = inbox.pop_front() {
             if self.state == State::Idle {
@@ -266,6 +282,9 @@ impl Tracker {
         t.stop();
         if t.ev.posted() != 0 {
             ngx_delete_posted_event(&mut t.ev);
+        }
+        if t.ev.timer_set() != 0 {
+            ngx_del_timer(&mut t.ev);
         }
     }
 }
