@@ -7,8 +7,8 @@ use core::ops::{Deref, DerefMut};
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_request_t, ngx_palloc,
-    ngx_pnalloc, ngx_timeofday,
+    ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_request_t, ngx_pnalloc,
+    ngx_timeofday,
 };
 
 use crate::decide::key::{shorten, Key};
@@ -98,17 +98,12 @@ pub struct PoolVec<T: Copy> {
 }
 
 impl<T: Copy> PoolVec<T> {
-    /// An empty list with no room, until `with_capacity`.
-    pub const fn new() -> Self {
-        PoolVec { ptr: NonNull::dangling(), len: 0, cap: 0 }
-    }
-
-    /// Room for `cap` items in `r`'s pool.
-    pub unsafe fn with_capacity(r: *mut ngx_http_request_t, cap: usize) -> Option<Self> {
-        // ngx_palloc aligns to NGX_ALIGNMENT, a machine word.
-        const { assert!(align_of::<T>() <= align_of::<usize>()) };
-        let ptr = NonNull::new(ngx_palloc((*r).pool, cap.max(1) * size_of::<T>()) as *mut T)?;
-        Some(PoolVec { ptr, len: 0, cap })
+    /// An empty list of at most `cap` items, kept at `room`.
+    ///
+    /// # Safety
+    /// `room` has space for `cap` items, aligned for `T`, for as long as the list is used.
+    pub unsafe fn in_room(room: NonNull<T>, cap: usize) -> Self {
+        PoolVec { ptr: room, len: 0, cap }
     }
 
     /// Adds `item`; false when the list is full.

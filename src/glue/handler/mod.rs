@@ -9,7 +9,7 @@ use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
     ngx_current_msec, ngx_cycle, ngx_http_cleanup_add, ngx_http_request_t, ngx_http_test_reading,
-    ngx_int_t, ngx_msec_t, ngx_palloc, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
+    ngx_int_t, ngx_msec_t, ngx_palloc, ngx_pool_cleanup_t, NGX_AGAIN, NGX_DECLINED, NGX_ERROR,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
@@ -67,6 +67,9 @@ pub struct Ctx {
     pub asked_ms: u64,
     /// The zones that decide this request, in script order, in the request's pool.
     pub zones: PoolVec<ZoneReq>,
+    /// Room for the values of the request's headers (`headers::room` bytes when it started),
+    /// made with the context: a request allocates once in its pool, not once per list.
+    values: (*mut u8, usize),
     /// The deciding zone (an index into `zones`), its remaining units and reset in ms.
     pub quota: Option<(usize, u64, u64)>,
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
@@ -207,14 +210,11 @@ pub unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t
 }
 
 unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
-    let Some(ctx) = new_ctx(r) else { return NGX_ERROR as ngx_int_t };
+    let room = headers::room(lcf.headers(), lcf.limits().len());
+    let Some(ctx) = new_ctx(r, lcf.limits().len(), room) else { return NGX_ERROR as ngx_int_t };
     let ctx = &mut *ctx.as_ptr();
     ctx.started = ngx_current_msec;
     ctx.asked_ms = wall_ms();
-    let Some(zones) = PoolVec::with_capacity(r, lcf.limits().len()) else {
-        return NGX_ERROR as ngx_int_t;
-    };
-    ctx.zones = zones;
     // A dry run rejects nothing, so it delays nothing either; a worker with as many requests
     // waiting as it has connections lets no more wait. Both still say a wait of 0 to Redis.
     let may_wait =
@@ -416,10 +416,25 @@ unsafe fn param(
         .ok_or_else(|| Some((what, String::from_utf8_lossy(bytes).into_owned())))
 }
 
-unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
-    // ngx_palloc aligns to NGX_ALIGNMENT, a machine word.
-    const { assert!(align_of::<Ctx>() <= align_of::<usize>()) };
-    let ctx = NonNull::new(ngx_palloc((*r).pool, size_of::<Ctx>()) as *mut Ctx)?;
+/// The request's context, and after it its pool cleanup, room for its `zones` and for its
+/// headers' values (`values` bytes): one allocation in the request's pool.
+unsafe fn new_ctx(r: *mut ngx_http_request_t, zones: usize, values: usize) -> Option<NonNull<Ctx>> {
+    type Anchor = ngx_pool_cleanup_t;
+    // ngx_palloc aligns to NGX_ALIGNMENT, a machine word; what follows the context is aligned.
+    const {
+        assert!(align_of::<Ctx>() <= align_of::<usize>());
+        assert!(align_of::<Anchor>() <= align_of::<usize>());
+        assert!(align_of::<ZoneReq>() <= align_of::<usize>());
+        assert!(size_of::<Ctx>() % align_of::<usize>() == 0);
+        assert!(size_of::<Anchor>() % align_of::<usize>() == 0);
+    };
+    let pool = (*r).pool;
+    let size = size_of::<Ctx>() + size_of::<Anchor>() + zones * size_of::<ZoneReq>() + values;
+    let ctx = NonNull::new(ngx_palloc(pool, size) as *mut Ctx)?;
+    // SAFETY: all within the allocation just made, each aligned (above).
+    let anchor = ctx.as_ptr().add(1) as *mut Anchor;
+    let room = NonNull::new_unchecked(anchor.add(1) as *mut ZoneReq);
+    let values = (room.as_ptr().add(zones) as *mut u8, values);
     ctx.as_ptr().write(Ctx {
         r,
         status: Status::Pending,
@@ -429,7 +444,8 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
         more: Box::default(),
         started: 0,
         asked_ms: 0,
-        zones: PoolVec::new(),
+        zones: PoolVec::in_room(room, zones),
+        values,
         beyond_capacity: false,
         quota: None,
         slots: Vec::new(),
@@ -442,14 +458,11 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t) -> Option<NonNull<Ctx>> {
     });
     // The pool's cleanup (`release`) runs `cleanup` after the access log, then drops the
     // context, and anchors it for `find_ctx`; a request that goes to Redis runs `cleanup`
-    // sooner as well (`cleanup_at_end`).
-    let anchor = ngx_pool_cleanup_add((*r).pool, 0);
-    if anchor.is_null() {
-        ptr::drop_in_place(ctx.as_ptr());
-        return None;
-    }
-    (*anchor).handler = Some(release);
-    (*anchor).data = ctx.as_ptr() as *mut c_void;
+    // sooner as well (`cleanup_at_end`). Linked first in the pool's list, as
+    // `ngx_pool_cleanup_add` links the record it allocates; this one lives in the same pool.
+    let data = ctx.as_ptr() as *mut c_void;
+    anchor.write(Anchor { handler: Some(release), data, next: (*pool).cleanup });
+    (*pool).cleanup = anchor;
     *(*r).ctx.add(RateLimit::module().ctx_index) = ctx.as_ptr() as *mut c_void;
     Some(ctx)
 }

@@ -53,9 +53,13 @@ pub(super) unsafe fn apply(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_
             window_ms: policy_window(mcf, z),
         });
         if headers && (rejected || lcf.headers() != HeaderMode::Off) {
-            // Every value of the request in one allocation, written where it stays.
+            // Every value of the request in the room made with its context, written where it
+            // stays; a location other than the one it started in may need more.
             let room = headers::room(lcf.headers(), ctx.zones.len());
-            let out = ngx_pnalloc((*r).pool, room) as *mut u8;
+            let out = match ctx.values {
+                (out, len) if len >= room => out,
+                _ => ngx_pnalloc((*r).pool, room) as *mut u8,
+            };
             if out.is_null() {
                 return NGX_ERROR as ngx_int_t;
             }
