@@ -64,7 +64,8 @@ unsafe fn settle_request(ctx: &mut Ctx) {
         if estimate == 0 || z.placed.rid == 0 {
             continue;
         }
-        let value = cv.eval(r);
+        // Parsed at once: the variable's own bytes.
+        let value = cv.peek(r);
         let text = value.as_ref().map_or(&[][..], |v| v.as_bytes());
         let (value, s) = settle::settle(estimate, text);
         if value.is_none() && (*ptr::addr_of_mut!(BAD_SETTLE_LOG)).allow(z.zone, now) {

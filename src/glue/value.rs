@@ -54,23 +54,42 @@ impl Value {
     /// The request's value, in its pool: what `ngx_http_complex_value` gives, a variable that is
     /// not found (or fails) as an empty value; `None` when nginx cannot evaluate or allocate.
     pub unsafe fn eval(&self, r: *mut ngx_http_request_t) -> Option<ngx_str_t> {
-        let Some(index) = self.var else {
-            let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
-            return (ngx_http_complex_value(r, self.cv, &mut value) == 0).then_some(value);
-        };
-        let v = ngx_http_get_flushed_variable(r, index);
-        let len = if v.is_null() || (*v).not_found() != 0 { 0 } else { (*v).len() as usize };
-        if len == 0 {
-            return Some(ngx_str_t { len: 0, data: NonNull::dangling().as_ptr() });
+        let Some(index) = self.var else { return self.complex(r) };
+        let v = variable(r, index);
+        if v.len == 0 {
+            return Some(v);
         }
         // Copied, as the script engine copies it: a variable's own storage may change while
         // the request keeps its value (a cached time string, a later `set`).
-        let data = ngx_pnalloc((*r).pool, len) as *mut u8;
+        let data = ngx_pnalloc((*r).pool, v.len) as *mut u8;
         if data.is_null() {
             return None;
         }
         // SAFETY: the variable's `len` bytes, into as many just allocated.
-        ptr::copy_nonoverlapping((*v).data, data, len);
-        Some(ngx_str_t { len, data })
+        ptr::copy_nonoverlapping(v.data, data, v.len);
+        Some(ngx_str_t { len: v.len, data })
     }
+
+    /// The request's value for use at once (a figure, parsed right away): a lone variable's own
+    /// bytes, not copied.
+    pub unsafe fn peek(&self, r: *mut ngx_http_request_t) -> Option<ngx_str_t> {
+        match self.var {
+            Some(index) => Some(variable(r, index)),
+            None => self.complex(r),
+        }
+    }
+
+    unsafe fn complex(&self, r: *mut ngx_http_request_t) -> Option<ngx_str_t> {
+        let mut value = ngx_str_t { len: 0, data: ptr::null_mut() };
+        (ngx_http_complex_value(r, self.cv, &mut value) == 0).then_some(value)
+    }
+}
+
+/// Variable `index`'s value where nginx keeps it; one not found (or failing) is empty.
+unsafe fn variable(r: *mut ngx_http_request_t, index: ngx_uint_t) -> ngx_str_t {
+    let v = ngx_http_get_flushed_variable(r, index);
+    if v.is_null() || (*v).not_found() != 0 || (*v).len() == 0 {
+        return ngx_str_t { len: 0, data: NonNull::dangling().as_ptr() };
+    }
+    ngx_str_t { len: (*v).len() as usize, data: (*v).data }
 }

@@ -408,7 +408,7 @@ unsafe fn param(
         Param::Fixed(n) => return Ok(n),
         Param::Var(cv) => cv,
     };
-    let value = cv.eval(r).ok_or(None)?;
+    let value = cv.peek(r).ok_or(None)?;
     let bytes = value.as_bytes();
     core::str::from_utf8(bytes)
         .ok()
