@@ -2,12 +2,13 @@
 # paths, up to 4 zones (issue 30): requests admitted from reservations, the
 # renewal rounds between them (the reservation's decision, the invalidation
 # its write causes, the EXISTS that renews the key's tracking, the check by
-# rid), and rejections answered from the deny cache.  nginx runs under
+# rid), rejections answered from the deny cache, and requests that hold a
+# concurrency slot (taken, then released when they end).  nginx runs under
 # valgrind's dhat twice, a warm-up then a short and a long run of the same
 # requests; the allocations made from the module's own code in the long
 # life's extra requests, per request, must be 0 (a few are let through for a
 # buffer still growing to its size).  Before this was built a renewal round
-# made about 20.
+# made about 20, and a request holding a slot 5.
 use lib 't/lib';
 use RLTest;
 use JSON::PP ();
@@ -27,6 +28,7 @@ my $http = <<'EOF';
     ratelimit_zone per_uri  key=$uri limit=10000000 window=60s algorithm=sliding_counter lease=20 lease_time=10s;
     ratelimit_zone per_host key=$host limit=10000000 window=60s algorithm=sliding_counter lease=20 lease_time=10s;
     ratelimit_zone denied   key=$arg_k limit=1 window=60s algorithm=sliding_counter;
+    ratelimit_zone conc     key=$arg_k limit=1000 algorithm=concurrency;
 EOF
 my $config = <<'EOF';
     add_header X-RL $ratelimit_status always;
@@ -34,10 +36,11 @@ my $config = <<'EOF';
     location /l2 { ratelimit per_key; ratelimit per_addr; }
     location /l4 { ratelimit per_key; ratelimit per_addr; ratelimit per_uri; ratelimit per_host; }
     location /deny { ratelimit denied; }
+    location /conc { ratelimit conc; }
 EOF
 
 # One round: a request to each location, each key in its own zone's life.
-my @ROUND = ('/l1?k=a', '/l2?k=b', '/l4?k=c', '/deny?k=d');
+my @ROUND = ('/l1?k=a', '/l2?k=b', '/l4?k=c', '/deny?k=d', '/conc?k=e');
 
 # Requests on keep-alive connections, pipelined 40 at a time; returns the
 # statuses ($ratelimit_status) seen.
@@ -109,13 +112,15 @@ my $requests = ($LONG - $SHORT) * @ROUND;
 note(sprintf 'module allocations: %d in the short life, %d in the long one: %.4f a request over %d requests',
     $short, $long, ($long - $short) / $requests, $requests);
 note('statuses in the long life: ' . join ' ', map { "$_ x $seen->{$_}" } sort keys %$seen);
-# Every leased request passed, most from a reservation; every deny-cache one rejected.
-is(($seen->{PASSED} // 0) + ($seen->{PASSED_LEASE} // 0), 3 * $LONG, 'the leased locations admitted every request');
+# Every leased request passed, most from a reservation; every deny-cache one rejected; every
+# concurrency one passed (by Redis: PASSED).
+is(($seen->{PASSED} // 0) + ($seen->{PASSED_LEASE} // 0), 4 * $LONG,
+    'the leased and the concurrency locations admitted every request');
 cmp_ok($seen->{PASSED_LEASE} // 0, '>=', 3 * $LONG * 0.8, 'most from reservations');
-cmp_ok($seen->{PASSED} // 0, '>=', 3 * $LONG / 20, 'the reservations renewed all along (20 units each)');
+cmp_ok(($seen->{PASSED} // 0) - $LONG, '>=', 3 * $LONG / 20, 'the reservations renewed all along (20 units each)');
 cmp_ok($seen->{REJECTED_CACHED} // 0, '>=', $LONG - 5, 'the deny location answered from the deny cache');
 ok(($long - $short) / $requests <= $MOST,
-    "module heap allocations per request on the lease and deny paths, 1 to 4 zones: at most $MOST")
+    "module heap allocations per request on the lease, deny and concurrency paths: at most $MOST")
     or diag('the extra requests allocated where the notes above say');
 
 check_no_alerts(error_log_text('long'), 'allocations');

@@ -34,6 +34,10 @@ pub const MIN_SLOT_MS: u64 = 1000;
 /// The most orphans a worker keeps; beyond, their slots (if Redis grants them) lapse.
 const MAX_ORPHANS: usize = 10_000;
 
+/// Keys' and members' buffers of released slots kept for the next ones, at most: a request
+/// that takes a slot allocates nothing once the worker has seen as many at once.
+const SPARE_BUFFERS: usize = 256;
+
 /// An orphan's release after the first "not there" waits this long, then twice as long each
 /// time (the sweep's tick).
 const ORPHAN_FIRST_WAIT: u64 = 100;
@@ -56,9 +60,9 @@ pub fn renew_every(life_ms: u64) -> u64 {
 pub struct Held {
     pub zone: usize,
     /// The whole Redis key.
-    pub key: Box<[u8]>,
+    pub key: Vec<u8>,
     /// The request's member: its `$request_id`.
-    pub member: Box<[u8]>,
+    pub member: Vec<u8>,
     pub limit: u64,
     pub life_ms: u64,
     /// Monotonic ms from which a renewal is due.
@@ -72,7 +76,8 @@ pub struct Held {
 
 impl Held {
     pub fn slot_ref(&self) -> SlotRef<'_> {
-        SlotRef { key: &self.key, limit: self.limit, life_ms: self.life_ms, member: &self.member }
+        let key = [&self.key[..], &[], &[], &[]];
+        SlotRef { key, limit: self.limit, life_ms: self.life_ms, member: &self.member }
     }
 }
 
@@ -121,6 +126,8 @@ pub struct Slots {
     /// by it alone while Redis could not decide. An entry goes when its count is back at 0, so
     /// the table holds no more than the requests in flight.
     local: HashMap<(usize, Box<[u8]>), u64>,
+    /// Buffers of slots gone, written over by the next ones (`SPARE_BUFFERS` at most).
+    spare: Vec<Vec<u8>>,
 }
 
 /// One zone of a request decided by `ratelimit_fail local`, for [`local_decision`].
@@ -170,6 +177,15 @@ pub fn local_decision(parts: &[LocalPart], rate: Option<&Decision>) -> Decision 
     Decision { allowed, wait_ms: 0, zones }
 }
 
+/// A slot gone: its buffers kept for the next ones.
+fn recycle(spare: &mut Vec<Vec<u8>>, h: &mut Held) {
+    for b in [&mut h.key, &mut h.member] {
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(core::mem::take(b));
+        }
+    }
+}
+
 impl Slots {
     pub fn new() -> Self {
         Self::default()
@@ -183,11 +199,11 @@ impl Slots {
         self.map.is_empty() && self.orphans.is_empty()
     }
 
-    fn held(zone: usize, slot: SlotRef<'_>, due: u64) -> Held {
+    fn held(&mut self, zone: usize, slot: SlotRef<'_>, due: u64) -> Held {
         Held {
             zone,
-            key: slot.key.into(),
-            member: slot.member.into(),
+            key: self.buffer(&slot.key),
+            member: self.buffer(&[slot.member]),
             limit: slot.limit,
             life_ms: slot.life_ms,
             due,
@@ -196,10 +212,19 @@ impl Slots {
         }
     }
 
+    /// `parts` joined, in a spare buffer when there is one.
+    fn buffer(&mut self, parts: &[&[u8]]) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.clear();
+        parts.iter().for_each(|p| b.extend_from_slice(p));
+        b
+    }
+
     /// Notes a slot Redis granted to a decision sent at `sent` (monotonic ms); returns its id.
     pub fn take(&mut self, zone: usize, slot: SlotRef<'_>, sent: u64) -> u64 {
+        let held = self.held(zone, slot, sent + renew_every(slot.life_ms));
         self.next += 1;
-        self.map.insert(self.next, Self::held(zone, slot, sent + renew_every(slot.life_ms)));
+        self.map.insert(self.next, held);
         self.next
     }
 
@@ -209,7 +234,8 @@ impl Slots {
         if self.orphans.len() >= MAX_ORPHANS {
             return false;
         }
-        self.add_orphan(Self::held(zone, slot, now), now, false, false);
+        let held = self.held(zone, slot, now);
+        self.add_orphan(held, now, false, false);
         true
     }
 
@@ -225,10 +251,14 @@ impl Slots {
     /// those past their time are forgotten, and the zones of the held ones among them (their
     /// slots lapsed in Redis) pushed to `lapsed`.
     pub fn orphans_due(&mut self, now: u64, lapsed: &mut Vec<usize>) -> Vec<u64> {
+        let spare = &mut self.spare;
         self.orphans.retain(|_, o| {
             let keep = o.sending || now < o.until;
-            if !keep && o.held {
-                lapsed.push(o.slot.zone);
+            if !keep {
+                if o.held {
+                    lapsed.push(o.slot.zone);
+                }
+                recycle(spare, &mut o.slot);
             }
             keep
         });
@@ -266,6 +296,7 @@ impl Slots {
     /// Drops every orphan (a worker on its way out).
     pub fn forget_orphans(&mut self) {
         self.orphans.clear();
+        self.spare = Vec::new();
     }
 
     pub fn orphan_slot(&self, id: u64) -> Option<&Held> {
@@ -289,7 +320,8 @@ impl Slots {
             }
             return None;
         }
-        let o = self.orphans.remove(&id)?;
+        let mut o = self.orphans.remove(&id)?;
+        recycle(&mut self.spare, &mut o.slot);
         o.held.then_some(o.slot.zone)
     }
 
@@ -332,9 +364,11 @@ impl Slots {
     pub fn renewal_answered(&mut self, id: u64, answer: Renewal, now: u64) -> bool {
         let Some(h) = self.map.get_mut(&id) else { return false };
         if h.ended {
-            let h = self.map.remove(&id).expect("present");
+            let mut h = self.map.remove(&id).expect("present");
             if answer == Renewal::WrittenBack {
                 self.add_orphan(h, now, false, false);
+            } else {
+                recycle(&mut self.spare, &mut h);
             }
             return false;
         }
@@ -360,7 +394,28 @@ mod tests {
     use super::*;
 
     fn slot(member: &[u8]) -> SlotRef<'_> {
-        SlotRef { key: b"rl:conc:a", limit: 5, life_ms: 3000, member }
+        SlotRef { key: [b"rl:conc:a", b"", b"", b""], limit: 5, life_ms: 3000, member }
+    }
+
+    #[test]
+    fn a_slot_keeps_its_key_whole_in_the_buffers_of_slots_gone() {
+        let mut s = Slots::new();
+        let parts =
+            SlotRef { key: [b"rl:", b"conc", b":", b"a"], limit: 5, life_ms: 3000, member: b"m1" };
+        let a = s.take(0, parts, 0);
+        assert_eq!(
+            s.get(a).map(|h| (&h.key[..], &h.member[..])),
+            Some((&b"rl:conc:a"[..], &b"m1"[..]))
+        );
+        let r = s.release(a, 10).unwrap();
+        assert_eq!(s.orphan_answered(r, Release::Removed, 20), Some(0));
+        assert_eq!(s.spare.len(), 2, "its key's and its member's buffers kept");
+        let b = s.take(1, slot(b"m2"), 30);
+        assert!(s.spare.is_empty(), "and written over by the next slot");
+        assert_eq!(
+            s.get(b).map(|h| (&h.key[..], &h.member[..])),
+            Some((&b"rl:conc:a"[..], &b"m2"[..]))
+        );
     }
 
     #[test]

@@ -101,32 +101,42 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
 /// Sends a renewal for every slot due and a release for every orphan: decisions of their own,
 /// queued in this one tick, so that the pool writes them together.
 fn renew(mcf: &MainConf, now: u64) {
-    let due: Vec<(What, usize, EncodedArgs)> = {
+    let due: Vec<(SlotOp, u64, usize)> = {
         let mut slots = mcf.slots.borrow_mut();
         let Some(slots) = slots.as_mut() else { return };
         let mut due = Vec::new();
         for id in slots.due(now) {
-            if let Some(h) = slots.get(id) {
-                let args = EncodedArgs::slot_op(Vec::new(), SlotOp::Renew, &h.slot_ref());
-                due.push((What::Renew { zone: h.zone, id }, h.zone, args));
-            }
+            due.extend(slots.get(id).map(|h| (SlotOp::Renew, id, h.zone)));
         }
         let mut lapsed = Vec::new();
         for id in slots.orphans_due(now, &mut lapsed) {
-            if let Some(h) = slots.orphan_slot(id) {
-                let args = EncodedArgs::slot_op(Vec::new(), SlotOp::Release, &h.slot_ref());
-                due.push((What::Orphan { id }, h.zone, args));
-            }
+            due.extend(slots.orphan_slot(id).map(|h| (SlotOp::Release, id, h.zone)));
         }
         let metrics = mcf.metrics.get();
         lapsed.into_iter().for_each(|zone| metrics.slot(zone, SlotEvent::Lapsed));
         due
     };
-    for (what, zone, args) in due {
-        if let Err(what) = submit_one(mcf, what, zone, |_| args) {
-            // Not even queued (Redis known down): tried again at the next tick.
-            answered(mcf, &what, &[], None);
-        }
+    for (op, id, zone) in due {
+        submit_slot_op(mcf, op, id, zone);
+    }
+}
+
+/// Sends the renewal (`SlotOp::Renew`) of held slot `id` or the release of orphan `id`, its
+/// arguments written in a finished give-back's room; one not even queued (Redis known down) is
+/// tried again at the next tick.
+fn submit_slot_op(mcf: &MainConf, op: SlotOp, id: u64, zone: usize) {
+    let what = match op {
+        SlotOp::Renew => What::Renew { zone, id },
+        SlotOp::Release => What::Orphan { id },
+    };
+    let args = |room| {
+        let slots = mcf.slots.borrow();
+        let slots = slots.as_ref()?;
+        let held = if op == SlotOp::Renew { slots.get(id) } else { slots.orphan_slot(id) }?;
+        Some(EncodedArgs::slot_op(room, op, &held.slot_ref()))
+    };
+    if let Err(what) = submit_one(mcf, what, zone, args) {
+        answered(mcf, &what, &[], None);
     }
 }
 
@@ -155,14 +165,10 @@ pub fn release(mcf: &MainConf, id: u64) {
         let Some(slots) = slots.as_mut() else { return };
         // SAFETY: the worker's cached clock, read on its only thread.
         let Some(orphan) = slots.release(id, unsafe { ngx_current_msec } as u64) else { return };
-        slots.orphan_slot(orphan).map(|h| {
-            (orphan, h.zone, EncodedArgs::slot_op(Vec::new(), SlotOp::Release, &h.slot_ref()))
-        })
+        slots.orphan_slot(orphan).map(|h| (orphan, h.zone))
     };
-    let Some((orphan, zone, args)) = sent else { return };
-    if let Err(what) = submit_one(mcf, What::Orphan { id: orphan }, zone, |_| args) {
-        answered(mcf, &what, &[], None);
-    }
+    let Some((orphan, zone)) = sent else { return };
+    submit_slot_op(mcf, SlotOp::Release, orphan, zone);
     arm(mcf);
 }
 
@@ -202,9 +208,11 @@ pub fn settle(mcf: &MainConf, settlements: impl IntoIterator<Item = Pending>) {
         let mut g = p.place.clone();
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
         let (charge, algorithm, burst) = (p.charge, zone.algorithm, zone.burst);
-        let args = |room| match charge {
-            true => EncodedArgs::charge(room, &g, algorithm, burst),
-            false => EncodedArgs::give_back(room, &g, algorithm),
+        let args = |room| {
+            Some(match charge {
+                true => EncodedArgs::charge(room, &g, algorithm, burst),
+                false => EncodedArgs::give_back(room, &g, algorithm),
+            })
         };
         let zone = p.place.zone;
         if let Err(What::Settle(p)) = submit_one(mcf, What::Settle(p), zone, args) {
@@ -272,7 +280,7 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
         let zone = &mcf.zones[g.zone];
         // A calendar quota's window field is its period, as in its decisions.
         g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
-        let args = |room| EncodedArgs::give_back(room, &g, zone.algorithm);
+        let args = |room| Some(EncodedArgs::give_back(room, &g, zone.algorithm));
         // Refused at once (Redis known down): the units lapse, as the guarantee allows.
         let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, g.zone, args);
     }
@@ -281,7 +289,7 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
 /// Sends the check of a reservation of `key` after Redis said the key changed; an answer that
 /// cannot be had leaves the reservation unspent until it expires.
 pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
-    let args = |room| EncodedArgs::check(room, key, c.rid);
+    let args = |room| Some(EncodedArgs::check(room, key, c.rid));
     if let Err(what) = submit_one(mcf, What::Check(c), c.zone, args) {
         answered(mcf, &what, key, None);
     }
@@ -294,24 +302,29 @@ pub fn track(mcf: &MainConf, zone: usize, key: &[&[u8]]) -> bool {
 }
 
 /// Queues one decision sent without a request, to `zone`'s backend, its arguments written by
-/// `args` in the room it is handed; gives `what` back if the pool refused it at once.
+/// `args` in the room it is handed; gives `what` back if the pool refused it at once, or if
+/// `args` found nothing to send.
 fn submit_one(
     mcf: &MainConf,
     what: What,
     zone: usize,
-    args: impl FnOnce(Vec<u8>) -> EncodedArgs,
+    args: impl FnOnce(Vec<u8>) -> Option<EncodedArgs>,
 ) -> Result<(), What> {
     let backend = mcf.zones[zone].backend;
     let Some(redis) = mcf.redis(backend) else { return Err(what) };
     // A give-back that finished earlier: its box and its arguments' buffer written over.
     let mut spare = SPARE.with(|s| s.borrow_mut().pop());
     let room = spare.as_mut().map_or_else(Vec::new, |s| core::mem::take(&mut s.args).into_room());
+    let Some(args) = args(room) else {
+        SPARE.with(|s| s.borrow_mut().extend(spare));
+        return Err(what);
+    };
     let returning = Returning {
         what,
         waiter: Waiter::new(ptr::null_mut()),
         // SAFETY: all-zero is an idle event.
         ev: unsafe { core::mem::zeroed() },
-        args: args(room),
+        args,
         retries: Retries::default(),
         mcf,
         backend,

@@ -200,7 +200,7 @@ impl EncodedArgs {
         let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let token = resp::fmt_u64(g.token, &mut digits);
         let op = rid_op(&mut op, &[b'G', algorithm.code()[0]], g.rid);
-        Self::one_zone(room, &g.key, op, g.limit, g.window_ms, g.units, token)
+        Self::one_zone(room, &[&g.key], op, g.limit, g.window_ms, g.units, token)
     }
 
     /// A decision of its own that charges `g.units` more of a placement's key, past its limit
@@ -210,7 +210,7 @@ impl EncodedArgs {
         let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let burst = resp::fmt_u64(burst, &mut digits);
         let op = rid_op(&mut op, &[b'C', algorithm.code()[0]], g.rid);
-        Self::one_zone(room, &g.key, op, g.limit, g.window_ms, g.units, burst)
+        Self::one_zone(room, &[&g.key], op, g.limit, g.window_ms, g.units, burst)
     }
 
     /// A decision of its own that asks whether the reservation `rid` is still of the present
@@ -218,19 +218,19 @@ impl EncodedArgs {
     pub fn check(room: Vec<u8>, key: &[u8], rid: u64) -> Self {
         let mut op = [0u8; 21];
         let op = rid_op(&mut op, b"V", rid);
-        Self::one_zone(room, key, op, 1, 1, 0, b"0")
+        Self::one_zone(room, &[key], op, 1, 1, 0, b"0")
     }
 
     /// A concurrency slot's release (`Gn`) or renewal (`Rn`), a decision of its own.
     pub fn slot_op(room: Vec<u8>, op: SlotOp, s: &SlotRef<'_>) -> Self {
         let op: &[u8] = if op == SlotOp::Release { b"Gn" } else { b"Rn" };
-        Self::one_zone(room, s.key, op, s.limit, s.life_ms, 1, s.member)
+        Self::one_zone(room, &s.key, op, s.limit, s.life_ms, 1, s.member)
     }
 
     /// A one-zone decision a worker sends without a request, on its script clock ("").
     fn one_zone(
         mut bytes: Vec<u8>,
-        key: &[u8],
+        key: &[&[u8]],
         op: &[u8],
         limit: u64,
         window_ms: u64,
@@ -238,8 +238,8 @@ impl EncodedArgs {
         last: &[u8],
     ) -> Self {
         bytes.clear();
-        bytes.reserve(key.len() + last.len() + 64);
-        resp::put_bulk(&mut bytes, key);
+        bytes.reserve(key.iter().map(|p| p.len()).sum::<usize>() + last.len() + 64);
+        resp::put_bulk_parts(&mut bytes, key);
         let keys_len = bytes.len();
         resp::put_bulk(&mut bytes, b"");
         resp::put_bulk(&mut bytes, op);
@@ -277,7 +277,8 @@ pub enum SlotOp {
 /// remaining count the reply carries), the slot's life and the request's member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotRef<'a> {
-    pub key: &'a [u8],
+    /// The whole key, in parts (`Key::parts`, or one part and empty ones).
+    pub key: [&'a [u8]; 4],
     pub limit: u64,
     pub life_ms: u64,
     pub member: &'a [u8],

@@ -242,7 +242,8 @@ fn a_concurrency_zone_sends_its_member_and_a_slot_is_released_or_renewed_alone()
     z.window_ms = 5000;
     let args = EncodedArgs::new([z].into_iter(), None);
     assert_call(&args, &["1", "rl:conc:a", "", "n", "100", "5000", "1", "f00d"]);
-    let s = SlotRef { key: b"rl:conc:a", limit: 5, life_ms: 5000, member: b"f00d" };
+    let s =
+        SlotRef { key: [b"rl:conc:a", b"", b"", b""], limit: 5, life_ms: 5000, member: b"f00d" };
     let release = EncodedArgs::slot_op(Vec::new(), SlotOp::Release, &s);
     assert_call(&release, &["1", "rl:conc:a", "", "Gn", "5", "5000", "1", "f00d"]);
     let renew = EncodedArgs::slot_op(Vec::new(), SlotOp::Renew, &s);

@@ -200,16 +200,17 @@ pub(super) fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
 /// sweep renews them while it runs and `cleanup` releases them when it ends.
 pub(super) fn take_slots(ctx: &mut Ctx, mcf: &MainConf, range: core::ops::Range<usize>) {
     let mut slots = mcf.slots.borrow_mut();
-    for z in ctx.zones[range].iter().filter(|z| mcf.zones[z.zone].concurrency()) {
-        let key = z.key.parts().concat();
-        let Some(slot) = z.slot(&key) else { continue };
+    let (sent, mut any) = (ctx.started as u64, false);
+    for z in ctx.zones[range].iter_mut().filter(|z| mcf.zones[z.zone].concurrency()) {
+        let Some(slot) = z.slot() else { continue };
         // Renewals count from when the decision was sent: Redis scored the slot later.
-        let id = slots.get_or_insert_with(Slots::new).take(z.zone, slot, ctx.started as u64);
-        ctx.slots.push(id);
+        let id = slots.get_or_insert_with(Slots::new).take(z.zone, slot, sent);
+        z.held = id;
+        any = true;
         mcf.metrics.get().slot(z.zone, SlotEvent::Taken);
     }
     drop(slots);
-    if !ctx.slots.is_empty() {
+    if any {
         giveback::arm(mcf);
     }
 }
@@ -217,18 +218,15 @@ pub(super) fn take_slots(ctx: &mut Ctx, mcf: &MainConf, range: core::ops::Range<
 /// The request ended: its slots go back to Redis, once (the cleanup runs twice), and those this
 /// worker counted by itself (`ratelimit_fail local`) back to its count.
 pub(super) unsafe fn release_slots(ctx: &mut Ctx) {
-    if ctx.slots.is_empty() && ctx.local_slots.is_empty() {
-        return;
-    }
-    // SAFETY: set with the slots from the request's configuration, which outlives it.
-    let mcf = &*ctx.mcf;
+    // SAFETY: the request's configuration outlives it (null only if it had none).
+    let Some(mcf) = ctx.mcf.as_ref() else { return };
     for (zone, key) in core::mem::take(&mut ctx.local_slots) {
         if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
             slots.local_release(zone, &key);
         }
     }
-    for id in core::mem::take(&mut ctx.slots) {
-        giveback::release(mcf, id);
+    for z in ctx.zones.iter_mut().filter(|z| z.held != 0) {
+        giveback::release(mcf, core::mem::take(&mut z.held));
     }
 }
 

@@ -75,9 +75,6 @@ pub struct Ctx {
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
     /// wait admits it, so no header may suggest one.
     beyond_capacity: bool,
-    /// The concurrency slots the request holds (ids in the worker's `Slots`), one per
-    /// concurrency zone, released by `cleanup` when the request ends.
-    slots: Vec<u64>,
     /// `ratelimit_fail local`: the (zone, whole key) of each concurrency zone this worker
     /// admitted the request in by itself, released by `cleanup` too.
     local_slots: Vec<(usize, Vec<u8>)>,
@@ -126,6 +123,9 @@ pub struct ZoneReq {
     /// nothing (0 units) otherwise. Kept as Redis answered it: the key is copied only for a
     /// give-back or a settlement.
     pub placed: Grant,
+    /// A concurrency zone's slot the request holds (its id in the worker's `Slots`; 0: none),
+    /// released by `cleanup` when the request ends.
+    held: u64,
 }
 
 impl ZoneReq {
@@ -162,10 +162,10 @@ impl ZoneReq {
         }
     }
 
-    /// A concurrency zone's slot as its release or renewal names it; `key` is the whole key.
-    fn slot<'a>(&'a self, key: &'a [u8]) -> Option<SlotRef<'a>> {
+    /// A concurrency zone's slot as its release or renewal names it.
+    fn slot(&self) -> Option<SlotRef<'_>> {
         let member = self.member?;
-        Some(SlotRef { key, limit: self.limit, life_ms: self.window_ms, member })
+        Some(SlotRef { key: self.key.parts(), limit: self.limit, life_ms: self.window_ms, member })
     }
 
     /// `units` of this zone's place in Redis, to give back (or, settling, to charge more).
@@ -283,6 +283,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             settle,
             figures,
             placed,
+            held: 0,
         };
         // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
@@ -448,7 +449,6 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t, zones: usize, values: usize) -> Op
         values,
         beyond_capacity: false,
         quota: None,
-        slots: Vec::new(),
         local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
         wait_ms: 0,
@@ -571,13 +571,11 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
 unsafe fn orphan_slots(ctx: &Ctx, range: core::ops::Range<usize>) {
     // SAFETY: the request's configuration outlives it (null only if it had none).
     let Some(mcf) = ctx.mcf.as_ref() else { return };
-    let zones: Vec<&ZoneReq> =
-        ctx.zones[range].iter().filter(|z| mcf.zones[z.zone].concurrency()).collect();
-    if zones.is_empty() {
+    let mut zones = ctx.zones[range].iter().filter(|z| mcf.zones[z.zone].concurrency()).peekable();
+    if zones.peek().is_none() {
         return;
     }
-    let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
-    let slots = zones.iter().zip(&keys).filter_map(|(z, key)| Some((z.zone, z.slot(key)?)));
+    let slots = zones.filter_map(|z| Some((z.zone, z.slot()?)));
     giveback::orphan(mcf, slots, ngx_current_msec as u64);
 }
 
