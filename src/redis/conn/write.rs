@@ -23,7 +23,8 @@ impl Conn {
     /// `MAX_BATCH_BYTES` each, all of one Cluster slot; a raw command, or a decision after
     /// `ASK`, alone. A batch only ever holds what was queued already: nothing waits for more.
     pub(super) fn fill(&mut self) {
-        if self.setting_up > 0 {
+        // Nothing to write: the clock is not read (a flush asks once more after its last write).
+        if self.setting_up > 0 || self.queued.is_empty() {
             return;
         }
         // SAFETY: a worker's cached clock, read on its only thread.
