@@ -13,7 +13,7 @@ use crate::decide::status::Status;
 use crate::glue::conf::{LocConf, MainConf};
 use crate::glue::giveback;
 use crate::redis::follow::{submit, Retries};
-use crate::redis::pool::{RedisError, Waiter};
+use crate::redis::pool::{Frame, RedisError, Waiter};
 
 use super::fail::{stand_in, Failure};
 use super::memory::{answered, keep_reservations, remember_rejection};
@@ -198,8 +198,12 @@ pub(super) unsafe fn answer(ctx: &mut Ctx, mcf: &MainConf, i: usize) -> Result<D
         return Err(Failure::CrossSlot(zones.collect::<Vec<_>>().join(", ")));
     }
     let result = part.waiter.result.take().unwrap_or(Err(RedisError::Timeout));
-    let room = mcf.spare.borrow_mut().verdicts();
-    match result.map(|reply| script::decode_reply_in(reply.view(), &part.args, room)) {
+    // The verdicts' room is taken only for a reply: a failure would drop it.
+    let decode = |reply: Frame| {
+        let room = mcf.spare.borrow_mut().verdicts();
+        script::decode_reply_in(reply.view(), &part.args, room)
+    };
+    match result.map(decode) {
         Ok(Ok(d)) => Ok(d),
         Ok(Err(ReplyError::Redis(msg))) if msg.starts_with("WRONGTYPE") => {
             Err(Failure::WrongType(wrong_type_keys(&ctx.zones[range])))
