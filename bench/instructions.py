@@ -19,6 +19,9 @@ one configuration so that start-up costs the same:
   deny         a rejection answered from the deny cache (limit 1 per 60 s, taken in warm-up)
   deny_bare    the same, `ratelimit_headers off` (Retry-After stays: every rejection has it)
   limit_req_deny  limit_req rejecting (rate=1r/m, no burst): what the deny cache is held to
+  outage       the exact zone on a backend whose Redis is gone (a Unix socket nobody listens on),
+               `ratelimit_fail local`: what every request costs while Redis is down, decided
+               by the worker's own counters with the circuit breaker open
 
 Each "life" is one nginx under `valgrind --tool=callgrind`: 4 client threads (Python
 http.client, one keep-alive connection each, ids b0..b3 in turn) send WARMUP requests (pools,
@@ -75,6 +78,7 @@ CONTENDERS = [
     ("deny", "/deny/", "`ratelimit` rejection from the deny cache"),
     ("deny_bare", "/denybare/", "`ratelimit` deny cache, `ratelimit_headers off`"),
     ("limit_req_deny", "/lrdeny/", "`limit_req` rejecting"),
+    ("outage", "/outage/", "`ratelimit` during an outage, `ratelimit_fail local`"),
 ]
 
 
@@ -138,6 +142,8 @@ def nginx_conf(tmp, module, nport, rport):
     ratelimit_zone per_route key=$uri limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone per_host key=$host limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone denied key=$http_x_consumer_id limit=1 window=60s algorithm=sliding_counter;
+    ratelimit_redis unix:{tmp}/nobody.sock name=down fail_threshold=1 fail_backoff=60s;
+    ratelimit_zone down key=$http_x_consumer_id limit=10000000 window=60s algorithm=sliding_counter redis=down;
 
     server {{
         listen 127.0.0.1:{nport};
@@ -152,6 +158,7 @@ def nginx_conf(tmp, module, nport, rport):
         location /four/ {{ ratelimit per_addr; ratelimit per_key; ratelimit per_route; ratelimit per_host; try_files /index.html =404; }}
         location /deny/ {{ ratelimit denied; try_files /index.html =404; }}
         location /denybare/ {{ ratelimit denied; ratelimit_headers off; try_files /index.html =404; }}
+        location /outage/ {{ ratelimit down; ratelimit_fail local; try_files /index.html =404; }}
     }}
 }}
 """

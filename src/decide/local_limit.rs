@@ -1,24 +1,38 @@
 //! `ratelimit_fail local`: while Redis cannot decide, each worker enforces every zone by itself
 //! at its share of the limit, with a sliding-window counter per key (two fixed windows, the
-//! previous one weighted by how much of it the rolling window still covers). Approximate and
-//! per worker by design; bounded in memory. A window after a key's last admission nothing of it
-//! counts, as in any rolling window, so no rejection lasts longer than the window, as none
-//! through Redis does. Pure, so the arithmetic has unit tests.
-
-use std::collections::HashMap;
+//! previous one weighted by how much of it the rolling window still covers), and a concurrency
+//! zone from its own requests in flight. Approximate and per worker by design; bounded in
+//! memory. A window after a key's last admission nothing of it counts, as in any rolling window,
+//! so no rejection lasts longer than the window, as none through Redis does. Pure, so the
+//! arithmetic has unit tests.
 
 use crate::decide::lease::Grant;
-use crate::decide::script::{Decision, ZoneVerdict};
+use crate::decide::script::ZoneVerdict;
+use crate::decide::table_key::ByHash;
 
-/// One zone of a local decision.
+/// One rate zone of a local decision.
 #[derive(Debug, Clone, Copy)]
-pub struct LocalZone<'a> {
-    pub zone: usize,
-    pub key: &'a [u8],
+pub struct LocalZone {
+    /// The (zone, key) as the worker's tables find it: [`crate::decide::table_key::TableKey`]'s
+    /// hash, a fixed 8 bytes whatever the key's length, so the memory bound is in bytes, not in
+    /// entries of the clients' choosing. Keyed with the process's seed, so no client can aim two
+    /// keys at one counter; two keys that did share one would share its count, which only
+    /// rejects sooner, never admits more.
+    pub hash: u64,
     /// The worker's share of the zone's limit, at least 1.
     pub limit: u64,
     pub window_ms: u64,
     pub cost: u64,
+}
+
+/// One zone of a request decided locally, in the location's order.
+#[derive(Debug, Clone, Copy)]
+pub enum LocalPart {
+    /// A rate zone, decided by the counters.
+    Rate(LocalZone),
+    /// A concurrency zone: this worker's requests of the key in flight, and its share of the
+    /// limit.
+    Concurrency { in_flight: u64, limit: u64 },
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,29 +66,21 @@ impl Counter {
     }
 }
 
-/// A (zone, key) pair as a fixed 20 bytes, whatever the key's length: the memory bound is in
-/// bytes, not in entries of the clients' choosing.
-type Id = [u8; 20];
-
-fn id(zone: usize, key: &[u8]) -> Id {
-    let mut h = sha1_smol::Sha1::new();
-    h.update(&zone.to_le_bytes());
-    h.update(key);
-    h.digest().bytes()
-}
-
 /// How often a full table looks for counters that no longer count: sweeping is O(entries), and a
 /// flood of new keys against a table full of live ones must not pay it per request.
 const SWEEP_EVERY_MS: u64 = 1000;
 
 pub struct LocalLimiter {
-    counters: HashMap<Id, Counter>,
+    counters: ByHash<Counter>,
+    /// The table's size, reserved on its first counter: a location of concurrency zones only
+    /// never needs it.
+    reserve: usize,
     capacity: usize,
     last_sweep_ms: Option<u64>,
 }
 
-/// What one counter costs in the table: its id and counter, and the table's control byte.
-const ENTRY_BYTES: usize = size_of::<(Id, Counter)>() + 1;
+/// What one counter costs in the table: its hash and counter, and the table's control byte.
+const ENTRY_BYTES: usize = size_of::<(u64, Counter)>() + 1;
 
 impl LocalLimiter {
     /// A table that never takes more than `bytes` (beyond a few hundred bytes of fixed cost).
@@ -84,42 +90,75 @@ impl LocalLimiter {
     /// rehashed in place only while half full, otherwise doubled.
     pub fn with_memory(bytes: usize) -> Self {
         let buckets = 1usize << (bytes / ENTRY_BYTES).max(16).ilog2();
-        let counters = HashMap::with_capacity(buckets / 8 * 7);
-        LocalLimiter { counters, capacity: buckets / 16 * 7, last_sweep_ms: None }
+        let (reserve, capacity) = (buckets / 8 * 7, buckets / 16 * 7);
+        LocalLimiter { counters: ByHash::default(), reserve, capacity, last_sweep_ms: None }
     }
 
-    /// Decides a request over `zones` at monotonic time `now_ms`, all or nothing, with the same
-    /// verdicts a Redis decision has (`reset_ms` of a rejecting zone: when the cost would fit).
-    /// `None` when the table is full of live counters and a zone's key is new: forgetting a live
-    /// counter would hand its key a fresh budget, so the new key cannot be tracked.
-    pub fn decide(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Option<Decision> {
-        let ids: Vec<Id> = zones.iter().map(|z| id(z.zone, z.key)).collect();
-        let mut verdicts: Vec<ZoneVerdict> =
-            zones.iter().zip(&ids).map(|(z, i)| self.check(z, i, now_ms)).collect();
-        let allowed = verdicts.iter().all(|v| v.ok);
+    /// Decides a request over `parts` at monotonic time `now_ms`, all or nothing, with the same
+    /// verdicts a Redis decision has (`reset_ms` of a rejecting zone: when the cost would fit):
+    /// admitted when every concurrency zone has room for one more of this worker's requests and
+    /// the counters admit the rate zones (not asked, and not charged, when a concurrency zone
+    /// has no room, as with Redis). Writes a verdict per part into `out`, in order, and says
+    /// whether the request is admitted. `None` when the table is full of live counters and a
+    /// rate zone's key is new: forgetting a live counter would hand its key a fresh budget, so
+    /// the new key cannot be tracked.
+    pub fn decide(
+        &mut self,
+        parts: impl Iterator<Item = LocalPart> + Clone,
+        now_ms: u64,
+        out: &mut Vec<ZoneVerdict>,
+    ) -> Option<bool> {
+        let rates = parts.clone().filter_map(|p| match p {
+            LocalPart::Rate(z) => Some(z),
+            LocalPart::Concurrency { .. } => None,
+        });
+        let room = parts.clone().all(|p| match p {
+            LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
+            LocalPart::Rate(_) => true,
+        });
+        let allowed = room && rates.clone().all(|z| self.check(&z, now_ms).ok);
         if allowed {
-            let new = zones
-                .iter()
-                .zip(&ids)
-                .filter(|(z, i)| z.cost > 0 && !self.counters.contains_key(*i));
+            let new = rates.clone().filter(|z| z.cost > 0 && !self.counters.contains_key(&z.hash));
             if !self.room_for(new.count(), now_ms) {
                 return None;
             }
-            for ((z, i), v) in zones.iter().zip(&ids).zip(&mut verdicts) {
-                if z.cost > 0 {
-                    let idx = now_ms / z.window_ms;
-                    let c = self.counters.entry(*i).or_default();
-                    let (cur, prev) = c.at(idx, z.window_ms, now_ms);
-                    // Admitted, so cur + cost is at most the limit, and so is prev.
-                    let (cur, prev) = ((cur + z.cost) as u32, prev as u32);
-                    *c =
-                        Counter { window: idx, window_ms: z.window_ms, cur, prev, last_ms: now_ms };
-                }
-                v.remaining -= z.cost;
-                v.reset_ms = self.next_unit_ms(z, i, v.remaining, now_ms);
-            }
         }
-        Some(Decision { allowed, wait_ms: 0, zones: verdicts })
+        let ok =
+            |remaining| ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
+        out.clear();
+        for p in parts {
+            out.push(match p {
+                LocalPart::Concurrency { in_flight, limit } => ZoneVerdict {
+                    ok: in_flight < limit,
+                    remaining: limit.saturating_sub(in_flight + u64::from(allowed)),
+                    reset_ms: if in_flight < limit { 0 } else { 1000 },
+                    grant: Grant::default(),
+                },
+                LocalPart::Rate(z) if allowed => self.take(&z, now_ms),
+                LocalPart::Rate(z) if room => self.check(&z, now_ms),
+                LocalPart::Rate(z) => ok(z.limit),
+            });
+        }
+        Some(allowed)
+    }
+
+    /// Charges an admitted zone its cost: its verdict after it.
+    fn take(&mut self, z: &LocalZone, now_ms: u64) -> ZoneVerdict {
+        let mut v = self.check(z, now_ms);
+        if z.cost > 0 {
+            if self.counters.capacity() == 0 {
+                self.counters.reserve(self.reserve);
+            }
+            let idx = now_ms / z.window_ms;
+            let c = self.counters.entry(z.hash).or_default();
+            let (cur, prev) = c.at(idx, z.window_ms, now_ms);
+            // Admitted, so cur + cost is at most the limit, and so is prev.
+            let (cur, prev) = ((cur + z.cost) as u32, prev as u32);
+            *c = Counter { window: idx, window_ms: z.window_ms, cur, prev, last_ms: now_ms };
+        }
+        v.remaining -= z.cost;
+        v.reset_ms = self.next_unit_ms(z, v.remaining, now_ms);
+        v
     }
 
     /// Whether `new` more counters fit, after dropping those that no longer count if the table
@@ -139,16 +178,16 @@ impl LocalLimiter {
     /// An admission's reset, as Redis' verdicts give it: when the zone admits one more unit
     /// than `remaining` (0 when nothing is in use). A `Remaining: 0` with `Reset: 0` would
     /// contradict the `Retry-After` of the rejection that follows.
-    fn next_unit_ms(&self, z: &LocalZone<'_>, id: &Id, remaining: u64, now_ms: u64) -> u64 {
+    fn next_unit_ms(&self, z: &LocalZone, remaining: u64, now_ms: u64) -> u64 {
         if remaining >= z.limit {
             return 0;
         }
-        self.check(&LocalZone { cost: remaining + 1, ..*z }, id, now_ms).reset_ms
+        self.check(&LocalZone { cost: remaining + 1, ..*z }, now_ms).reset_ms
     }
 
-    fn check(&self, z: &LocalZone<'_>, id: &Id, now_ms: u64) -> ZoneVerdict {
+    fn check(&self, z: &LocalZone, now_ms: u64) -> ZoneVerdict {
         let (w, idx, elapsed) = (z.window_ms, now_ms / z.window_ms, now_ms % z.window_ms);
-        let counter = self.counters.get(id);
+        let counter = self.counters.get(&z.hash);
         let (cur, prev) = counter.map_or((0, 0), |c| c.at(idx, w, now_ms));
         // Scaled by the window so that the weighting stays in integers.
         let used = prev as u128 * (w - elapsed) as u128 + cur as u128 * w as u128;
@@ -177,15 +216,34 @@ impl LocalLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::script::Decision;
+    use crate::decide::table_key::TableKey;
 
     impl LocalLimiter {
-        fn d(&mut self, zones: &[LocalZone<'_>], now_ms: u64) -> Decision {
-            self.decide(zones, now_ms).expect("room for the key")
+        fn decide_rates(&mut self, zones: &[LocalZone], now_ms: u64) -> Option<Decision> {
+            self.decide_parts(
+                &zones.iter().map(|&z| LocalPart::Rate(z)).collect::<Vec<_>>(),
+                now_ms,
+            )
+        }
+
+        fn decide_parts(&mut self, parts: &[LocalPart], now_ms: u64) -> Option<Decision> {
+            let mut zones = Vec::new();
+            let allowed = self.decide(parts.iter().copied(), now_ms, &mut zones)?;
+            Some(Decision { allowed, wait_ms: 0, zones })
+        }
+
+        fn d(&mut self, zones: &[LocalZone], now_ms: u64) -> Decision {
+            self.decide_rates(zones, now_ms).expect("room for the key")
         }
     }
 
-    fn zone(key: &[u8], limit: u64) -> LocalZone<'_> {
-        LocalZone { zone: 0, key, limit, window_ms: 1000, cost: 1 }
+    fn hashed(zone: usize, key: &[u8]) -> u64 {
+        TableKey::new(zone, &[key]).hash
+    }
+
+    fn zone(key: &[u8], limit: u64) -> LocalZone {
+        LocalZone { hash: hashed(0, key), limit, window_ms: 1000, cost: 1 }
     }
 
     #[test]
@@ -234,13 +292,40 @@ mod tests {
     #[test]
     fn all_or_nothing() {
         let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
-        let wide = LocalZone { zone: 1, ..zone(b"a", 100) };
+        let wide = LocalZone { hash: hashed(1, b"a"), ..zone(b"a", 100) };
         let both = [wide, zone(b"a", 1)];
         assert!(l.d(&both, 0).allowed);
         let v = l.d(&both, 1).zones;
         assert!(v[0].ok && !v[1].ok);
         // The rejected request was recorded in neither zone.
         assert_eq!(l.d(&[wide], 2).zones[0].remaining, 98);
+    }
+
+    #[test]
+    fn concurrency_zones_beside_rates() {
+        let mut l = LocalLimiter::with_memory(100 * ENTRY_BYTES);
+        let conc = |in_flight| LocalPart::Concurrency { in_flight, limit: 2 };
+        let parts = [LocalPart::Rate(zone(b"a", 10)), conc(1)];
+        let d = l.decide_parts(&parts, 0).unwrap();
+        assert!(d.allowed);
+        assert_eq!((d.zones[0].remaining, d.zones[1].remaining), (9, 0), "the 2nd of 2 in flight");
+        // Full: rejected without asking the rates, which are not charged.
+        let d = l.decide_parts(&[LocalPart::Rate(zone(b"a", 10)), conc(2)], 1).unwrap();
+        assert!(!d.allowed);
+        assert_eq!((d.zones[1].ok, d.zones[1].reset_ms, d.deciding_zone()), (false, 1000, 1));
+        assert_eq!(
+            d.zones[0],
+            ZoneVerdict { ok: true, remaining: 10, reset_ms: 0, grant: Grant::default() }
+        );
+        assert_eq!(l.d(&[zone(b"a", 10)], 2).zones[0].remaining, 8, "one charged so far");
+        // The rates reject: no slot.
+        let d = l.decide_parts(&[LocalPart::Rate(zone(b"a", 2)), conc(0)], 3).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.zones[1].remaining, 2, "not taken");
+        // A concurrency zone alone allocates no table.
+        let mut alone = LocalLimiter::with_memory(100 * ENTRY_BYTES);
+        assert!(alone.decide_parts(&[conc(0)], 0).unwrap().allowed);
+        assert_eq!(alone.counters.capacity(), 0);
     }
 
     #[test]
@@ -266,15 +351,19 @@ mod tests {
     #[test]
     fn memory_is_bounded_in_bytes_whatever_the_keys() {
         let mut l = LocalLimiter::with_memory(64 << 10);
-        let buckets = l.counters.capacity();
-        assert!(buckets * ENTRY_BYTES <= 64 << 10, "{buckets} entries");
-        assert_eq!(l.capacity * 2, buckets);
+        assert_eq!(l.counters.capacity(), 0, "nothing allocated before a counter");
         let long = vec![b'k'; 4000];
+        let mut buckets = 0;
         for i in 0..10_000u32 {
             let mut key = long.clone();
             key.extend_from_slice(&i.to_le_bytes());
-            let _ = l.decide(&[zone(&key, 5)], u64::from(i) * 1000);
+            let _ = l.decide_rates(&[zone(&key, 5)], u64::from(i) * 1000);
             assert!(l.counters.len() <= l.capacity);
+            if i == 0 {
+                buckets = l.counters.capacity();
+                assert!(buckets * ENTRY_BYTES <= 64 << 10, "{buckets} entries");
+                assert_eq!(l.capacity * 2, buckets);
+            }
         }
         // Tombstones lower what `capacity` reports; a doubled table would report more.
         assert!(l.counters.capacity() <= buckets, "the table never grew");
@@ -289,8 +378,8 @@ mod tests {
         }
         let mut refused = 0;
         for i in 0..10_000u32 {
-            let z = LocalZone { key: &i.to_le_bytes(), ..hour };
-            match l.decide(&[z], 1 + u64::from(i)) {
+            let z = LocalZone { hash: hashed(0, &i.to_le_bytes()), ..hour };
+            match l.decide_rates(&[z], 1 + u64::from(i)) {
                 Some(d) => assert!(d.allowed),
                 None => refused += 1,
             }
@@ -298,7 +387,8 @@ mod tests {
         assert_eq!(refused, 10_000 - (l.capacity - 1));
         assert!(!l.d(&[hour], 20_000).allowed, "still at its limit within the hour");
         // A key already counted is still decided, and refused new keys took nothing.
-        assert!(l.decide(&[LocalZone { key: b"newcomer", cost: 0, ..hour }], 20_000).is_some());
+        let newcomer = LocalZone { hash: hashed(0, b"newcomer"), cost: 0, ..hour };
+        assert!(l.decide_rates(&[newcomer], 20_000).is_some());
     }
 
     #[test]
@@ -307,9 +397,9 @@ mod tests {
         for i in 0..l.capacity as u32 {
             assert!(l.d(&[zone(&i.to_le_bytes(), 5)], 0).allowed);
         }
-        assert!(l.decide(&[zone(b"late", 5)], 10).is_none(), "full of live counters");
+        assert!(l.decide_rates(&[zone(b"late", 5)], 10).is_none(), "full of live counters");
         // Two windows later every counter is dead; the sweep runs at most once a second.
-        assert!(l.decide(&[zone(b"late", 5)], 500).is_none());
+        assert!(l.decide_rates(&[zone(b"late", 5)], 500).is_none());
         assert!(l.d(&[zone(b"late", 5)], 2_000).allowed);
         assert_eq!(l.counters.len(), 1);
     }

@@ -19,8 +19,8 @@
 
 use std::collections::HashMap;
 
-use crate::decide::lease::Grant;
-use crate::decide::script::{Decision, SlotRef, ZoneVerdict};
+use crate::decide::script::SlotRef;
+use crate::decide::table_key::ByHash;
 
 /// `lease_time`'s default for a concurrency zone: a slot of a worker that died (SIGKILL, OOM, a
 /// machine gone) keeps its room taken at most this long, while a slot of a running request
@@ -122,59 +122,13 @@ pub struct Slots {
     map: HashMap<u64, Held>,
     orphans: HashMap<u64, Orphan>,
     next: u64,
-    /// `ratelimit_fail local`: this worker's requests in flight per (zone, whole key), admitted
-    /// by it alone while Redis could not decide. An entry goes when its count is back at 0, so
-    /// the table holds no more than the requests in flight.
-    local: HashMap<(usize, Box<[u8]>), u64>,
+    /// `ratelimit_fail local`: this worker's requests in flight per (zone, key) as the local
+    /// limiter finds it (`crate::decide::local_limit::LocalZone::hash`), admitted by it alone
+    /// while Redis could not decide. An entry goes when its count is back at 0, so the table
+    /// holds no more than the requests in flight.
+    local: ByHash<u64>,
     /// Buffers of slots gone, written over by the next ones (`SPARE_BUFFERS` at most).
     spare: Vec<Vec<u8>>,
-}
-
-/// One zone of a request decided by `ratelimit_fail local`, for [`local_decision`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LocalPart {
-    /// A concurrency zone: this worker's requests of the key in flight, and its share of the
-    /// limit.
-    Concurrency { in_flight: u64, limit: u64 },
-    /// A rate zone, decided by the local limiter.
-    Rate { limit: u64 },
-}
-
-/// A request's local decision over all its zones, in order: admitted when every concurrency
-/// zone has room for one more of this worker's requests and the local limiter admits the rate
-/// zones. `rate` is that limiter's decision over the rate zones, in order; `None` when it was
-/// not asked (a concurrency zone had no room: nothing is counted against the rates, as with
-/// Redis).
-pub fn local_decision(parts: &[LocalPart], rate: Option<&Decision>) -> Decision {
-    let room = parts.iter().all(|p| match *p {
-        LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
-        LocalPart::Rate { .. } => true,
-    });
-    let allowed = room && rate.is_none_or(|d| d.allowed);
-    let mut rates = rate.into_iter().flat_map(|d| d.zones.iter().copied());
-    let zones = parts
-        .iter()
-        .map(|p| match *p {
-            LocalPart::Concurrency { in_flight, limit } => {
-                let ok = in_flight < limit;
-                let after = in_flight + u64::from(allowed);
-                let reset_ms = if ok { 0 } else { 1000 };
-                ZoneVerdict {
-                    ok,
-                    remaining: limit.saturating_sub(after),
-                    reset_ms,
-                    grant: Grant::default(),
-                }
-            }
-            LocalPart::Rate { limit } => rates.next().unwrap_or(ZoneVerdict {
-                ok: true,
-                remaining: limit,
-                reset_ms: 0,
-                grant: Grant::default(),
-            }),
-        })
-        .collect();
-    Decision { allowed, wait_ms: 0, zones }
 }
 
 /// A slot gone: its buffers kept for the next ones.
@@ -270,25 +224,22 @@ impl Slots {
         ids
     }
 
-    /// `ratelimit_fail local`: this worker's requests of `key` in flight in `zone`.
-    pub fn local_in_flight(&self, zone: usize, key: &[u8]) -> u64 {
-        // The tuple key borrows as a whole only when owned; keys are short and this runs only
-        // while Redis is failing.
-        self.local.get(&(zone, key.into())).copied().unwrap_or(0)
+    /// `ratelimit_fail local`: this worker's requests in flight of the (zone, key) `hash`.
+    pub fn local_in_flight(&self, hash: u64) -> u64 {
+        self.local.get(&hash).copied().unwrap_or(0)
     }
 
-    /// A request admitted locally holds one more of `zone`'s slots of `key` on this worker.
-    pub fn local_take(&mut self, zone: usize, key: &[u8]) {
-        *self.local.entry((zone, key.into())).or_insert(0) += 1;
+    /// A request admitted locally holds one more of the (zone, key)'s slots on this worker.
+    pub fn local_take(&mut self, hash: u64) {
+        *self.local.entry(hash).or_insert(0) += 1;
     }
 
     /// That request ended.
-    pub fn local_release(&mut self, zone: usize, key: &[u8]) {
-        let k = (zone, Box::<[u8]>::from(key));
-        if let Some(n) = self.local.get_mut(&k) {
+    pub fn local_release(&mut self, hash: u64) {
+        if let Some(n) = self.local.get_mut(&hash) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.local.remove(&k);
+                self.local.remove(&hash);
             }
         }
     }
@@ -539,40 +490,16 @@ mod tests {
     }
 
     #[test]
-    fn a_local_decision_counts_this_workers_requests_in_flight() {
+    fn local_slots_count_this_workers_requests_in_flight() {
         let mut s = Slots::new();
         for _ in 0..2 {
-            s.local_take(0, b"k");
+            s.local_take(7);
         }
-        assert_eq!((s.local_in_flight(0, b"k"), s.local_in_flight(1, b"k")), (2, 0));
-        s.local_release(0, b"k");
-        s.local_release(0, b"k");
-        s.local_release(0, b"k");
-        assert_eq!(s.local_in_flight(0, b"k"), 0, "never below 0");
+        assert_eq!((s.local_in_flight(7), s.local_in_flight(8)), (2, 0));
+        s.local_release(7);
+        s.local_release(7);
+        s.local_release(7);
+        assert_eq!(s.local_in_flight(7), 0, "never below 0");
         assert!(s.local.is_empty(), "an entry goes at 0");
-
-        let ok =
-            |remaining| ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
-        let rate = Decision { allowed: true, wait_ms: 0, zones: vec![ok(7)] };
-        let parts =
-            [LocalPart::Rate { limit: 10 }, LocalPart::Concurrency { in_flight: 1, limit: 2 }];
-        let d = local_decision(&parts, Some(&rate));
-        assert!(d.allowed);
-        assert_eq!((d.zones[0].remaining, d.zones[1].remaining), (7, 0), "the 2nd of 2 in flight");
-        // Full: rejected without asking the rates, which are not charged.
-        let full =
-            [LocalPart::Rate { limit: 10 }, LocalPart::Concurrency { in_flight: 2, limit: 2 }];
-        let d = local_decision(&full, None);
-        assert!(!d.allowed);
-        assert_eq!((d.zones[1].ok, d.zones[1].reset_ms, d.deciding_zone()), (false, 1000, 1));
-        // The rates reject: no slot.
-        let no = Decision {
-            allowed: false,
-            wait_ms: 0,
-            zones: vec![ZoneVerdict { ok: false, ..ok(0) }],
-        };
-        let d = local_decision(&parts, Some(&no));
-        assert!(!d.allowed);
-        assert_eq!(d.zones[1].remaining, 1, "not taken");
     }
 }

@@ -9,10 +9,10 @@ use ngx::ffi::{ngx_current_msec, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 
 use crate::decide::lease::Grant;
-use crate::decide::local_limit::{LocalLimiter, LocalZone};
+use crate::decide::local_limit::{LocalLimiter, LocalPart, LocalZone};
 use crate::decide::log_throttle::LogThrottle;
 use crate::decide::script::{Decision, ReplyError, ZoneVerdict};
-use crate::decide::slots::{local_decision, LocalPart, Slots};
+use crate::decide::slots::Slots;
 use crate::decide::status::Status;
 use crate::glue::conf::{worker_processes, FailPolicy, LocConf, MainConf};
 use crate::redis::pool::RedisError;
@@ -26,6 +26,7 @@ pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure:
     if matches!(status, Status::PassedLocal | Status::RejectedLocal) {
         record(ctx, &d);
     }
+    mcf.spare.borrow_mut().keep_verdicts(d.zones);
     ctx.status = status;
     // One backend decides the whole location: its line names no backend.
     log_failure(ctx, status, no_room, &failure, ctx.part.as_ref().map_or(0, |p| p.backend), "");
@@ -60,7 +61,9 @@ unsafe fn policy(
     let stand = |ok: bool| {
         let remaining = if ok { u64::MAX } else { 0 };
         let v = ZoneVerdict { ok, remaining, reset_ms: 0, grant: Grant::default() };
-        Decision { allowed: ok, wait_ms: 0, zones: vec![v; range.len()] }
+        let mut zones = mcf.spare.borrow_mut().verdicts();
+        zones.resize(range.len(), v);
+        Decision { allowed: ok, wait_ms: 0, zones }
     };
     match lcf.fail() {
         FailPolicy::Open => (Status::FailedOpen, stand(true), false),
@@ -135,53 +138,37 @@ unsafe fn decide_locally(
     for z in ctx.zones[range.clone()].iter_mut() {
         z.limit = (z.limit / share).max(1);
     }
-    let zones = &ctx.zones[range];
+    let zones = &mut ctx.zones[range];
     let conc = |z: &ZoneReq| mcf.zones[z.zone].concurrency();
-    let keys: Vec<Vec<u8>> = zones.iter().map(|z| z.key.parts().concat()).collect();
     let mut slots = mcf.slots.borrow_mut();
     let slots = slots.get_or_insert_with(Slots::new);
-    let parts: Vec<LocalPart> = zones
-        .iter()
-        .zip(&keys)
-        .map(|(z, key)| match conc(z) {
-            true => LocalPart::Concurrency {
-                in_flight: slots.local_in_flight(z.zone, key),
-                limit: z.limit,
-            },
-            false => LocalPart::Rate { limit: z.limit },
-        })
-        .collect();
-    let room = parts.iter().all(|p| match *p {
-        LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
-        LocalPart::Rate { .. } => true,
-    });
-    let rates: Vec<LocalZone<'_>> = zones
-        .iter()
-        .filter(|z| !conc(z))
-        .map(|z| LocalZone {
-            zone: z.zone,
-            key: z.value(),
+    let mut local = mcf.local.borrow_mut();
+    let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
+    let parts = zones.iter().map(|z| match conc(z) {
+        true => LocalPart::Concurrency {
+            in_flight: slots.local_in_flight(z.table_key.hash),
+            limit: z.limit,
+        },
+        false => LocalPart::Rate(LocalZone {
+            hash: z.table_key.hash,
             limit: z.limit,
             window_ms: z.window_ms,
             cost: z.cost,
-        })
-        .collect();
-    let rate = match room && !rates.is_empty() {
-        true => {
-            let mut local = mcf.local.borrow_mut();
-            let local = local.get_or_insert_with(|| LocalLimiter::with_memory(mcf.local_size()));
-            Some(local.decide(&rates, ngx_current_msec as u64)?)
-        }
-        false => None,
+        }),
+    });
+    let mut verdicts = mcf.spare.borrow_mut().verdicts();
+    let Some(allowed) = local.decide(parts, ngx_current_msec as u64, &mut verdicts) else {
+        mcf.spare.borrow_mut().keep_verdicts(verdicts);
+        return None;
     };
-    let d = local_decision(&parts, rate.as_ref());
-    if d.allowed {
-        for (z, key) in zones.iter().zip(keys).filter(|(z, _)| conc(z)) {
-            slots.local_take(z.zone, &key);
-            ctx.local_slots.push((z.zone, key));
+    if allowed {
+        for z in zones.iter_mut().filter(|z| conc(z)) {
+            slots.local_take(z.table_key.hash);
+            z.held_locally = true;
         }
     }
-    Some((if d.allowed { Status::PassedLocal } else { Status::RejectedLocal }, d))
+    let status = if allowed { Status::PassedLocal } else { Status::RejectedLocal };
+    Some((status, Decision { allowed, wait_ms: 0, zones: verdicts }))
 }
 
 /// Why a decision failed; formatted only when it is logged, not once per request of an outage.

@@ -220,9 +220,10 @@ pub(super) fn take_slots(ctx: &mut Ctx, mcf: &MainConf, range: core::ops::Range<
 pub(super) unsafe fn release_slots(ctx: &mut Ctx) {
     // SAFETY: the request's configuration outlives it (null only if it had none).
     let Some(mcf) = ctx.mcf.as_ref() else { return };
-    for (zone, key) in core::mem::take(&mut ctx.local_slots) {
+    for z in ctx.zones.iter_mut().filter(|z| z.held_locally) {
+        z.held_locally = false;
         if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
-            slots.local_release(zone, &key);
+            slots.local_release(z.table_key.hash);
         }
     }
     for z in ctx.zones.iter_mut().filter(|z| z.held != 0) {

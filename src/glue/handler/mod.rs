@@ -75,9 +75,6 @@ pub struct Ctx {
     /// Rejected without asking Redis, its cost above anything the deciding zone can grant: no
     /// wait admits it, so no header may suggest one.
     beyond_capacity: bool,
-    /// `ratelimit_fail local`: the (zone, whole key) of each concurrency zone this worker
-    /// admitted the request in by itself, released by `cleanup` too.
-    local_slots: Vec<(usize, Vec<u8>)>,
     /// The configuration that took them, for `cleanup`: it outlives the request.
     mcf: *const MainConf,
     /// `delay=`: how long the request waits for its turn, in ms (0: none) ...
@@ -126,6 +123,9 @@ pub struct ZoneReq {
     /// A concurrency zone's slot the request holds (its id in the worker's `Slots`; 0: none),
     /// released by `cleanup` when the request ends.
     held: u64,
+    /// `ratelimit_fail local`: a concurrency zone this worker admitted the request in by itself,
+    /// released by `cleanup` too.
+    held_locally: bool,
 }
 
 impl ZoneReq {
@@ -284,6 +284,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
             figures,
             placed,
             held: 0,
+            held_locally: false,
         };
         // Room was made for every `ratelimit` line of the location.
         ctx.zones.push(z);
@@ -449,7 +450,6 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t, zones: usize, values: usize) -> Op
         values,
         beyond_capacity: false,
         quota: None,
-        local_slots: Vec::new(),
         mcf: RateLimit::main_conf(&*r).map_or(ptr::null(), ptr::from_ref),
         wait_ms: 0,
         waiting: false,
