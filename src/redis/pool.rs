@@ -294,6 +294,17 @@ impl WorkerPool {
         }
     }
 
+    /// Whether a decision would be refused at once, its one server known down (the breaker
+    /// open): its caller need not write it out. Only a single server is known that cheaply;
+    /// `false` for a Cluster or a Sentinel group, whose refusals `submit` finds.
+    pub fn refusing(&self) -> bool {
+        match self.mode {
+            // SAFETY: the nodes are alive while the pool is.
+            Mode::Single(node) => unsafe { !node.as_ref().breaker.admit() },
+            Mode::Cluster(_) | Mode::Sentinel(_) => false,
+        }
+    }
+
     /// Queues a command for `waiter` on the node that serves it.
     ///
     /// # Safety

@@ -72,13 +72,20 @@ pub(super) unsafe fn ask(
     mcf: &MainConf,
     now: Option<u64>,
 ) -> bool {
+    let Some(redis) = mcf.redis(part.backend) else { return false };
+    let pool = mcf.pool(part.backend);
+    if pool.as_ref().is_some_and(|p| p.refusing()) {
+        // Known down: refused as `submit` would refuse it, without writing its arguments.
+        part.waiter.result = Some(Err(RedisError::Unavailable));
+        part.done = true;
+        return false;
+    }
     let zones = zones[part.range()].iter();
     let room = mcf.spare.borrow_mut().args();
     part.args = EncodedArgs::new_in(room, zones.map(|z| z.args(&mcf.zones[z.zone], several)), now);
-    let Some(redis) = mcf.redis(part.backend) else { return false };
     // Redis would refuse it (CROSSSLOT), and splitting it would not be atomic.
     part.cross_slot = redis.cluster && part.args.call().slot().is_none();
-    if part.cross_slot || !submit(mcf.pool(part.backend), &mut part.waiter, part.args.call()) {
+    if part.cross_slot || !submit(pool, &mut part.waiter, part.args.call()) {
         part.done = true;
         return false;
     }
