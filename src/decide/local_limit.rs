@@ -108,43 +108,49 @@ impl LocalLimiter {
         now_ms: u64,
         out: &mut Vec<ZoneVerdict>,
     ) -> Option<bool> {
-        let rates = parts.clone().filter_map(|p| match p {
-            LocalPart::Rate(z) => Some(z),
-            LocalPart::Concurrency { .. } => None,
-        });
         let room = parts.clone().all(|p| match p {
             LocalPart::Concurrency { in_flight, limit } => in_flight < limit,
             LocalPart::Rate(_) => true,
         });
-        let allowed = room && rates.clone().all(|z| self.check(&z, now_ms).ok);
+        let ok =
+            |remaining| ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
+        // Every rate zone's verdict before any is charged, as one Redis decision reads them.
+        out.clear();
+        out.extend(parts.clone().map(|p| match p {
+            LocalPart::Rate(z) if room => self.check(&z, now_ms),
+            LocalPart::Rate(z) => ok(z.limit),
+            // Written below, once the request's fate is known.
+            LocalPart::Concurrency { .. } => ok(0),
+        }));
+        let allowed = room && out.iter().all(|v| v.ok);
         if allowed {
-            let new = rates.clone().filter(|z| z.cost > 0 && !self.counters.contains_key(&z.hash));
+            let new = parts.clone().filter(|p| match p {
+                LocalPart::Rate(z) => z.cost > 0 && !self.counters.contains_key(&z.hash),
+                LocalPart::Concurrency { .. } => false,
+            });
             if !self.room_for(new.count(), now_ms) {
                 return None;
             }
         }
-        let ok =
-            |remaining| ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
-        out.clear();
-        for p in parts {
-            out.push(match p {
-                LocalPart::Concurrency { in_flight, limit } => ZoneVerdict {
-                    ok: in_flight < limit,
-                    remaining: limit.saturating_sub(in_flight + u64::from(allowed)),
-                    reset_ms: if in_flight < limit { 0 } else { 1000 },
-                    grant: Grant::default(),
-                },
-                LocalPart::Rate(z) if allowed => self.take(&z, now_ms),
-                LocalPart::Rate(z) if room => self.check(&z, now_ms),
-                LocalPart::Rate(z) => ok(z.limit),
-            });
+        for (p, v) in parts.zip(out.iter_mut()) {
+            match p {
+                LocalPart::Rate(z) if allowed => self.take(&z, v, now_ms),
+                LocalPart::Rate(_) => {}
+                LocalPart::Concurrency { in_flight, limit } => {
+                    *v = ZoneVerdict {
+                        ok: in_flight < limit,
+                        remaining: limit.saturating_sub(in_flight + u64::from(allowed)),
+                        reset_ms: if in_flight < limit { 0 } else { 1000 },
+                        grant: Grant::default(),
+                    }
+                }
+            }
         }
         Some(allowed)
     }
 
-    /// Charges an admitted zone its cost: its verdict after it.
-    fn take(&mut self, z: &LocalZone, now_ms: u64) -> ZoneVerdict {
-        let mut v = self.check(z, now_ms);
+    /// Charges an admitted zone its cost, and says so in its verdict.
+    fn take(&mut self, z: &LocalZone, v: &mut ZoneVerdict, now_ms: u64) {
         if z.cost > 0 {
             if self.counters.capacity() == 0 {
                 self.counters.reserve(self.reserve);
@@ -158,7 +164,6 @@ impl LocalLimiter {
         }
         v.remaining -= z.cost;
         v.reset_ms = self.next_unit_ms(z, v.remaining, now_ms);
-        v
     }
 
     /// Whether `new` more counters fit, after dropping those that no longer count if the table
