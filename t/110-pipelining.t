@@ -122,4 +122,19 @@ for my $case (['0', 5], ['1ms', 5], ['50ms', 5], ['10s', 1]) {
     check_no_alerts(error_log_text(), "keepalive_timeout=$timeout");
 }
 
+# A call leaves the connection's timer where it is: a reply deadline still armed when the
+# connection goes idle fires during the keepalive and must set its rest, not close it early.
+start_nginx(workers => 1, conf('keepalive_timeout=1s'));
+my $before = connections_received();
+my @st;
+for (1 .. 4) {
+    push @st, rl(http_get('/t?k=kalate'));
+    sleep 0.4;
+}
+is("@st", join(' ', ('PASSED') x 4), 'keepalive_timeout=1s: four decisions');
+is(connections_received() - $before, 1,
+    'keepalive_timeout=1s: one connection for four decisions 400 ms apart (past the 200 ms deadline)');
+ok(stop_nginx(), 'keepalive_timeout=1s, 400 ms apart: nginx quits gracefully');
+check_no_alerts(error_log_text(), 'keepalive_timeout=1s, 400 ms apart');
+
 done_testing();

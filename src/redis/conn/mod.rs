@@ -16,9 +16,9 @@ use std::time::Instant;
 use ngx::ffi::{
     getsockopt, linger, ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_current_msec,
     ngx_cycle, ngx_del_timer, ngx_delete_posted_event, ngx_event_connect_peer, ngx_event_get_peer,
-    ngx_event_t, ngx_log_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event, ngx_posted_events,
-    ngx_str_t, ngx_tcp_nodelay, setsockopt, socklen_t, NGX_AGAIN, NGX_LOG_EMERG, NGX_OK,
-    SOL_SOCKET, SO_ERROR, SO_LINGER,
+    ngx_event_t, ngx_log_t, ngx_msec_int_t, ngx_msec_t, ngx_peer_connection_t, ngx_post_event,
+    ngx_posted_events, ngx_str_t, ngx_tcp_nodelay, setsockopt, socklen_t, NGX_AGAIN, NGX_LOG_EMERG,
+    NGX_OK, SOL_SOCKET, SO_ERROR, SO_LINGER,
 };
 
 use super::node::NodePool;
@@ -124,6 +124,8 @@ pub struct Conn {
     dedicated: Option<(NonNull<Tracker>, bool)>,
     /// Made for one command whose reply may take long to read (`make_private`).
     private: bool,
+    /// When it last went idle: the keepalive counts from here, whatever its timer says.
+    idle_since: ngx_msec_t,
 }
 
 impl Conn {
@@ -179,6 +181,7 @@ impl Conn {
                 flush_ev: core::mem::zeroed(),
                 dedicated: None,
                 private: false,
+                idle_since: 0,
             });
             if (*pool).reported() {
                 // nginx logs each failed connect() itself; an outage was already reported.
@@ -282,12 +285,10 @@ impl Conn {
     pub unsafe fn push(this: NonNull<Conn>, waiter: NonNull<Waiter>, cmd: Command) -> Token {
         let conn = &mut *this.as_ptr();
         if conn.load() == 0 && conn.sent.is_empty() {
-            // Leaving idle: the keepalive timer goes; the reply deadline is set on writing.
-            let rev = (*conn.c()).read;
+            // Leaving idle. Its timer stays: writing sets it to the reply deadline, which nginx
+            // does not move within 300 ms of where it is, so that a busy connection's calls
+            // take no timer off the tree and put none back, one for each way.
             (*conn.c()).set_idle(0);
-            if (*rev).timer_set() != 0 {
-                ngx_del_timer(rev);
-            }
         }
         let seq = conn.next_seq;
         conn.next_seq += 1;
@@ -440,7 +441,17 @@ unsafe extern "C" fn on_read(rev: *mut ngx_event_t) {
     if (*rev).timedout() != 0 {
         (*rev).set_timedout(0);
         if conn.sent.is_empty() {
-            // The keepalive timer of an idle connection.
+            if !conn.queued.is_empty() {
+                // Used again in this iteration: the flush sets the reply deadline.
+                return;
+            }
+            // Idle: the keepalive, or a reply deadline left armed when it went idle.
+            let keepalive = (*conn.pool).conf().keepalive_timeout;
+            let left = conn.idle_since.wrapping_add(keepalive).wrapping_sub(ngx_current_msec);
+            if (left as ngx_msec_int_t) > 0 {
+                ngx_add_timer(rev, left);
+                return;
+            }
             return Conn::close(this, RedisError::Closed, false);
         }
         if conn.overdue() {

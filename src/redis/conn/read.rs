@@ -6,8 +6,8 @@
 use core::ptr::{self, NonNull};
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_del_timer, ngx_exiting, ngx_handle_read_event, ngx_post_event,
-    ngx_posted_events, NGX_AGAIN, NGX_OK,
+    ngx_add_timer, ngx_current_msec, ngx_del_timer, ngx_exiting, ngx_handle_read_event,
+    ngx_msec_int_t, ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_OK,
 };
 
 use super::{Conn, Queued, KEEP_CAPACITY, READ_CHUNK};
@@ -195,14 +195,19 @@ impl Conn {
             if (keepalive == 0 && conn.dedicated.is_none()) || conn.private {
                 return Conn::close(this, RedisError::Closed, false);
             }
-            // Idle: graceful shutdown may close it (`c->close`), the keepalive timer too. The
-            // reply deadline still armed goes first: nginx keeps an armed timer within 300 ms
-            // of a new one, which made a short keepalive the reply deadline.
+            // Idle: graceful shutdown may close it (`c->close`), the keepalive too. The reply
+            // deadline still armed stays when it comes first: firing, it finds the connection
+            // idle and sets the keepalive's rest (`on_read`), or finds it busy again and is
+            // the new call's deadline already, within nginx's 300 ms.
             (*c).set_idle(1);
-            if (*rev).timer_set() != 0 {
+            conn.idle_since = ngx_current_msec;
+            let left = (*rev).timer.key.wrapping_sub(ngx_current_msec) as ngx_msec_int_t;
+            let set = (*rev).timer_set() != 0;
+            if set && (conn.dedicated.is_some() || left > keepalive as ngx_msec_int_t) {
+                // A later timer is taken off, not moved: nginx would not move it by < 300 ms.
                 ngx_del_timer(rev);
             }
-            if conn.dedicated.is_none() {
+            if conn.dedicated.is_none() && (*rev).timer_set() == 0 {
                 ngx_add_timer(rev, keepalive);
             }
         } else {
