@@ -286,8 +286,9 @@ impl Conn {
         let conn = &mut *this.as_ptr();
         if conn.load() == 0 && conn.sent.is_empty() {
             // Leaving idle. Its timer stays: writing sets it to the reply deadline, which nginx
-            // does not move within 300 ms of where it is, so that a busy connection's calls
-            // take no timer off the tree and put none back, one for each way.
+            // does not move within 300 ms of where it is, so a busy connection's calls mostly
+            // leave nginx's timer tree alone (each took the keepalive off and put the deadline
+            // on, and the reverse on its reply).
             (*conn.c()).set_idle(0);
         }
         let seq = conn.next_seq;
