@@ -400,12 +400,12 @@ impl NodePool {
     /// once; an opening starts the background probes.
     pub(super) fn failed(&mut self, why: &RedisError) {
         self.metrics.failure(why.kind());
-        let name = self.shown().to_string();
         if !self.reported() {
             ngx_log_error!(
                 NGX_LOG_ERR,
                 log(),
-                "ratelimit: redis {name} {why}, requests follow ratelimit_fail"
+                "ratelimit: redis {} {why}, requests follow ratelimit_fail",
+                self.shown()
             );
         }
         if self.breaker.failure() == Some(Transition::Opened) {
@@ -413,8 +413,9 @@ impl NodePool {
             ngx_log_error!(
                 NGX_LOG_WARN,
                 log(),
-                "ratelimit: redis {name} failed {} times in a row, not asked until it \
+                "ratelimit: redis {} failed {} times in a row, not asked until it \
                  answers a probe (every {}ms at most)",
+                self.shown(),
                 self.conf().fail_threshold,
                 self.breaker.backoff()
             );
