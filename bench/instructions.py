@@ -19,6 +19,8 @@ one configuration so that start-up costs the same:
   deny         a rejection answered from the deny cache (limit 1 per 60 s, taken in warm-up)
   deny_bare    the same, `ratelimit_headers off` (Retry-After stays: every rejection has it)
   limit_req_deny  limit_req rejecting (rate=1r/m, no burst): what the deny cache is held to
+  several      the exact zone and one on a second backend (the same Redis under another name):
+               a decision asked of each backend, combined all or nothing
   outage       the exact zone on a backend whose Redis is gone (a Unix socket nobody listens on),
                `ratelimit_fail local`: what every request costs while Redis is down, decided
                by the worker's own counters with the circuit breaker open
@@ -79,6 +81,7 @@ CONTENDERS = [
     ("deny_bare", "/denybare/", "`ratelimit` deny cache, `ratelimit_headers off`"),
     ("limit_req_deny", "/lrdeny/", "`limit_req` rejecting"),
     ("outage", "/outage/", "`ratelimit` during an outage, `ratelimit_fail local`"),
+    ("several", "/several/", "`ratelimit` exact on two backends (a zone each)"),
 ]
 
 
@@ -142,6 +145,8 @@ def nginx_conf(tmp, module, nport, rport):
     ratelimit_zone per_route key=$uri limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone per_host key=$host limit=10000000 window=60s algorithm=sliding_counter lease=auto;
     ratelimit_zone denied key=$http_x_consumer_id limit=1 window=60s algorithm=sliding_counter;
+    ratelimit_redis 127.0.0.1:{rport} name=other;
+    ratelimit_zone exact_other key=$http_x_consumer_id limit=10000000 window=60s algorithm=sliding_counter redis=other;
     ratelimit_redis unix:{tmp}/nobody.sock name=down fail_threshold=1 fail_backoff=60s;
     ratelimit_zone down key=$http_x_consumer_id limit=10000000 window=60s algorithm=sliding_counter redis=down;
 
@@ -159,6 +164,7 @@ def nginx_conf(tmp, module, nport, rport):
         location /deny/ {{ ratelimit denied; try_files /index.html =404; }}
         location /denybare/ {{ ratelimit denied; ratelimit_headers off; try_files /index.html =404; }}
         location /outage/ {{ ratelimit down; ratelimit_fail local; try_files /index.html =404; }}
+        location /several/ {{ ratelimit exact; ratelimit exact_other; try_files /index.html =404; }}
     }}
 }}
 """

@@ -3,15 +3,17 @@
 # renewal rounds between them (the reservation's decision, the invalidation
 # its write causes, the EXISTS that renews the key's tracking, the check by
 # rid), rejections answered from the deny cache, requests that hold a
-# concurrency slot (taken, then released when they end), and requests that
+# concurrency slot (taken, then released when they end), requests to a location
+# with a zone on each of two backends (a part asked of each), and requests that
 # `ratelimit_fail local` decides while Redis is down (a rate zone, and a
 # concurrency zone's slot counted by the worker).  nginx runs under
 # valgrind's dhat twice, a warm-up then a short and a long run of the same
 # requests; the allocations made from the module's own code in the long
 # life's extra requests, per request, must be 0 (a few are let through for a
 # buffer still growing to its size).  Before this was built a renewal round
-# made about 20, a request holding a slot 5, and one decided locally 7.  The
-# dead backend's probes follow time, not requests: they are counted apart.
+# made about 20, a request holding a slot 5, one decided locally 7, and one on
+# two backends 7.  The dead backend's probes follow time, not requests: they
+# are counted apart.
 use lib 't/lib';
 use RLTest;
 use JSON::PP ();
@@ -35,6 +37,9 @@ my $http = <<'EOF';
     ratelimit_zone per_host key=$host limit=10000000 window=600s algorithm=sliding_counter lease=20 lease_time=120s;
     ratelimit_zone denied   key=$arg_k limit=1 window=60s algorithm=sliding_counter;
     ratelimit_zone conc     key=$arg_k limit=1000 algorithm=concurrency;
+    # The same server under a second name: a location with zones on both asks each its part.
+    ratelimit_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT name=other;
+    ratelimit_zone other_key key=$arg_k limit=10000000 window=600s algorithm=sliding_counter redis=other;
     # Nobody listens there: every decision of these zones fails, and the breaker stays open.
     ratelimit_redis 127.0.0.1:$TEST_NGINX_DEAD_PORT name=down fail_threshold=1 fail_backoff=60s;
     ratelimit_zone down      key=$arg_k limit=10000000 window=60s algorithm=sliding_counter redis=down;
@@ -47,13 +52,14 @@ my $config = <<'EOF';
     location /l4 { ratelimit per_key; ratelimit per_addr; ratelimit per_uri; ratelimit per_host; }
     location /deny { ratelimit denied; }
     location /conc { ratelimit conc; }
+    location /several { ratelimit per_key; ratelimit other_key; }
     location /outage { ratelimit down; ratelimit_fail local; }
     location /outage_conc { ratelimit down_conc; ratelimit_fail local; }
 EOF
 
 # One round: a request to each location, each key in its own zone's life.
 my @ROUND = ('/l1?k=a', '/l2?k=b', '/l4?k=c', '/deny?k=d', '/conc?k=e', '/outage?k=f',
-    '/outage_conc?k=g');
+    '/outage_conc?k=g', '/several?k=h');
 
 # Requests on keep-alive connections, pipelined 40 at a time; returns the
 # statuses ($ratelimit_status) seen.
@@ -138,14 +144,14 @@ note(sprintf 'module allocations: %d in the short life, %d in the long one: %.4f
 note('statuses in the long life: ' . join ' ', map { "$_ x $seen->{$_}" } sort keys %$seen);
 # Every leased request passed, most from a reservation; every deny-cache one rejected; every
 # concurrency one passed (by Redis: PASSED).
-is(($seen->{PASSED} // 0) + ($seen->{PASSED_LEASE} // 0), 4 * $LONG,
-    'the leased and the concurrency locations admitted every request');
+is(($seen->{PASSED} // 0) + ($seen->{PASSED_LEASE} // 0), 5 * $LONG,
+    'the leased, the concurrency and the two-backend locations admitted every request');
 cmp_ok($seen->{PASSED_LEASE} // 0, '>=', 3 * $LONG * 0.8, 'most from reservations');
-cmp_ok(($seen->{PASSED} // 0) - $LONG, '>=', 3 * $LONG / 20, 'the reservations renewed all along (20 units each)');
+cmp_ok(($seen->{PASSED} // 0) - 2 * $LONG, '>=', 3 * $LONG / 20, 'the reservations renewed all along (20 units each)');
 cmp_ok($seen->{REJECTED_CACHED} // 0, '>=', $LONG - 5, 'the deny location answered from the deny cache');
 is($seen->{PASSED_LOCAL} // 0, 2 * $LONG, 'the outage locations decided every request locally');
 ok(($long - $short) / $requests <= $MOST,
-    "module heap allocations per request on the lease, deny, concurrency and outage paths: at most $MOST")
+    "module heap allocations per request on the lease, deny, concurrency, two-backend and outage paths: at most $MOST")
     or diag('the extra requests allocated where the notes above say');
 
 check_no_alerts(error_log_text('long'), 'allocations');

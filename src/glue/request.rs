@@ -89,15 +89,29 @@ pub unsafe fn detach(waiter: &mut Waiter, ev: &mut ngx_event_t) {
 }
 
 /// A list of at most a fixed number of `T` in the request's pool, which frees it with the
-/// request: per-request lists (the request's zones) cost no heap allocation. `T: Copy`, so
-/// nothing is left to drop.
-pub struct PoolVec<T: Copy> {
+/// request: per-request lists (the request's zones, its parts on other backends) cost no heap
+/// allocation. Its items are dropped in place with it; their room goes with the pool. Items
+/// never move: a part's event and waiter are registered by address.
+pub struct PoolVec<T> {
     ptr: NonNull<T>,
     len: usize,
     cap: usize,
 }
 
-impl<T: Copy> PoolVec<T> {
+impl<T> Default for PoolVec<T> {
+    fn default() -> Self {
+        PoolVec { ptr: NonNull::dangling(), len: 0, cap: 0 }
+    }
+}
+
+impl<T> Drop for PoolVec<T> {
+    fn drop(&mut self) {
+        // SAFETY: the first `len` items are written and dropped once, here; not the room.
+        unsafe { ptr::drop_in_place(&mut **self) };
+    }
+}
+
+impl<T> PoolVec<T> {
     /// An empty list of at most `cap` items, kept at `room`.
     ///
     /// # Safety
@@ -118,7 +132,7 @@ impl<T: Copy> PoolVec<T> {
     }
 }
 
-impl<T: Copy> Deref for PoolVec<T> {
+impl<T> Deref for PoolVec<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
@@ -127,7 +141,7 @@ impl<T: Copy> Deref for PoolVec<T> {
     }
 }
 
-impl<T: Copy> DerefMut for PoolVec<T> {
+impl<T> DerefMut for PoolVec<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as `deref`, and the list is borrowed mutably.
         unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }

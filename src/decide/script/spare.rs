@@ -9,12 +9,15 @@ use crate::codec::buffers::Buffers;
 const ARGS_KEPT: usize = 64;
 /// A buffer that grew past this (a long key) is freed, not kept.
 const ARGS_KEPT_BYTES: usize = 1024;
-/// Verdicts kept room for: more zones than a location names in practice.
+/// Verdicts a kept list has room for: more zones than a location names in practice.
 const VERDICTS_KEPT: usize = 16;
+/// Lists of verdicts kept: a decision on several backends holds one per backend and one for
+/// them all at once.
+const VERDICT_LISTS_KEPT: usize = 8;
 
 pub struct Spare {
     args: Buffers,
-    verdicts: Vec<ZoneVerdict>,
+    verdicts: Vec<Vec<ZoneVerdict>>,
 }
 
 impl Default for Spare {
@@ -36,14 +39,15 @@ impl Spare {
 
     /// An empty list for a reply's verdicts, with room if some was kept.
     pub fn verdicts(&mut self) -> Vec<ZoneVerdict> {
-        core::mem::take(&mut self.verdicts)
+        self.verdicts.pop().unwrap_or_default()
     }
 
     /// A decision's verdicts, done with.
     pub fn keep_verdicts(&mut self, mut verdicts: Vec<ZoneVerdict>) {
-        if verdicts.capacity() <= VERDICTS_KEPT && verdicts.capacity() > self.verdicts.capacity() {
+        let room = verdicts.capacity();
+        if room > 0 && room <= VERDICTS_KEPT && self.verdicts.len() < VERDICT_LISTS_KEPT {
             verdicts.clear();
-            self.verdicts = verdicts;
+            self.verdicts.push(verdicts);
         }
     }
 }
@@ -63,5 +67,10 @@ mod tests {
         assert_eq!(s.verdicts().capacity(), 0, "taken: none left");
         s.keep_verdicts(Vec::with_capacity(VERDICTS_KEPT + 1));
         assert_eq!(s.verdicts().capacity(), 0);
+        for _ in 0..VERDICT_LISTS_KEPT + 1 {
+            s.keep_verdicts(Vec::with_capacity(1));
+        }
+        let kept = core::iter::from_fn(|| Some(s.verdicts()).filter(|v| v.capacity() > 0));
+        assert_eq!(kept.count(), VERDICT_LISTS_KEPT, "as many lists as several backends use");
     }
 }

@@ -59,7 +59,7 @@ pub struct Ctx {
     /// when it is asked: a request answered from memory never writes its event and buffers ...
     part: Option<Part>,
     /// ... and of each other one, asked at the same time (`LocConf::several`).
-    more: Box<[Part]>,
+    more: PoolVec<Part>,
     /// When the decision was asked for: a rejection is remembered from then, so the memory
     /// never outlasts what Redis said.
     started: ngx_msec_t,
@@ -335,15 +335,21 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     // Its zones are grouped by backend (`merge_loc_conf`): a part per group.
     let split = if lcf.several { (1..n).find(|&i| backend(i) != first) } else { None };
     if let Some(split) = split {
-        let mut more = Vec::new();
+        let parts = 1 + (split + 1..n).filter(|&i| backend(i) != backend(i - 1)).count();
+        const { assert!(align_of::<Part>() <= align_of::<usize>()) };
+        // In the request's pool, aligned by ngx_palloc to a machine word (above).
+        let Some(room) = NonNull::new(ngx_palloc((*r).pool, parts * size_of::<Part>()) as _) else {
+            return NGX_ERROR as ngx_int_t;
+        };
+        // SAFETY: room for `parts` parts, as long as the request's pool, which holds `ctx`.
+        ctx.more = PoolVec::in_room(room, parts);
         let mut from = split;
         for i in split + 1..=n {
             if i == n || backend(i) != backend(from) {
-                more.push(Part::new(me, backend(from), from, i));
+                ctx.more.push(Part::new(me, backend(from), from, i));
                 from = i;
             }
         }
-        ctx.more = more.into_boxed_slice();
     }
     let part = ctx.part.insert(Part::new(me, first, 0, split.unwrap_or(n)));
     attach(&mut part.waiter, &mut part.ev, on_event, r);
@@ -443,7 +449,7 @@ unsafe fn new_ctx(r: *mut ngx_http_request_t, zones: usize, values: usize) -> Op
         applied: false,
         asked: false,
         part: None,
-        more: Box::default(),
+        more: PoolVec::default(),
         started: 0,
         asked_ms: 0,
         zones: PoolVec::in_room(room, zones),
@@ -543,7 +549,7 @@ unsafe extern "C" fn cleanup(data: *mut c_void) {
                 orphan_slots(ctx, range.clone());
                 let answer = reply.ok().map(|reply| script::decode_reply(reply.view(), &part.args));
                 if let (true, Some(Ok(d))) = (several, answer) {
-                    undo(ctx, range, &d);
+                    undo(ctx, range, d.allowed, &d.zones);
                 }
             }
         }

@@ -8,7 +8,7 @@ use core::ptr;
 
 use ngx::ffi::{ngx_add_timer, ngx_event_t};
 
-use crate::decide::script::{self, Decision, EncodedArgs, ReplyError};
+use crate::decide::script::{self, Decision, EncodedArgs, ReplyError, ZoneVerdict};
 use crate::decide::status::Status;
 use crate::glue::conf::{LocConf, MainConf};
 use crate::glue::giveback;
@@ -16,7 +16,7 @@ use crate::redis::follow::{submit, Retries};
 use crate::redis::pool::{Frame, RedisError, Waiter};
 
 use super::fail::{stand_in, Failure};
-use super::memory::{answered, keep_reservations, remember_rejection};
+use super::memory::{answered, keep_reservations, remember_rejection, take_slots};
 use super::{admitted, orphan_slots, record, Ctx, ZoneReq};
 
 /// One backend's share of a request's decision: its zones, `Ctx::zones[from..to]`, in one script
@@ -37,6 +37,9 @@ pub(super) struct Part {
     pub(super) done: bool,
     /// Its keys are in different Cluster slots: not sent.
     pub(super) cross_slot: bool,
+    /// With several backends, once decided: whether its backend admitted the request; `None`
+    /// when it could not say, and the location's `ratelimit_fail` stood in.
+    pub(super) said: Option<bool>,
 }
 
 impl Part {
@@ -53,6 +56,7 @@ impl Part {
             ctx,
             done: false,
             cross_slot: false,
+            said: None,
         }
     }
 
@@ -106,16 +110,21 @@ pub(super) fn asked_parts(ctx: &Ctx) -> usize {
     ctx.part.as_ref().map_or(0, |_| 1 + ctx.more.len())
 }
 
-/// A backend admitted the request in the zones `range` while it is refused: what it placed
-/// there goes back at once, and the slots it granted are released.
-pub(super) unsafe fn undo(ctx: &mut Ctx, range: Range<usize>, d: &Decision) {
+/// A backend admitted the request in the zones `range` (`allowed`, with `verdicts`) while it is
+/// refused: what it placed there goes back at once, and the slots it granted are released.
+pub(super) unsafe fn undo(
+    ctx: &mut Ctx,
+    range: Range<usize>,
+    allowed: bool,
+    verdicts: &[ZoneVerdict],
+) {
     // SAFETY: the request's configuration outlives it (null only if it had none).
     let Some(mcf) = ctx.mcf.as_ref() else { return };
-    if !d.allowed {
+    if !allowed {
         return;
     }
     let zones = &ctx.zones[range.clone()];
-    let placed = zones.iter().zip(&d.zones).filter(|(z, v)| {
+    let placed = zones.iter().zip(verdicts).filter(|(z, v)| {
         let g = v.grant;
         g.units > 0 && g.rid > 0 && z.lease.is_none()
     });
@@ -125,63 +134,71 @@ pub(super) unsafe fn undo(ctx: &mut Ctx, range: Range<usize>, d: &Decision) {
 }
 
 /// A location on several backends: admitted only if every one admits (or its failure's policy
-/// does); what one admitted goes back at once when another refuses.
+/// does); what one admitted goes back at once when another refuses. Each part keeps what its
+/// backend said, and the verdicts' lists are the worker's spare ones: nothing is allocated.
 pub(super) unsafe fn decide_several(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) {
     let parts = asked_parts(ctx);
-    let mut all =
-        Decision { allowed: true, wait_ms: 0, zones: Vec::with_capacity(ctx.zones.len()) };
-    // What each backend said (`None`: it could not decide, and its policy stood in).
-    let mut said: Vec<Option<Decision>> = Vec::with_capacity(parts);
-    let mut stood: Vec<Status> = Vec::new();
-    let mut ranges = Vec::with_capacity(parts);
+    let mut all = Decision { allowed: true, wait_ms: 0, zones: mcf.spare.borrow_mut().verdicts() };
+    // The statuses a policy stood in with, a bit each.
+    let mut stood = 0u32;
     for i in 0..parts {
-        let part = &*part_ptr(ctx, i);
-        let (range, backend) = (part.range(), part.backend);
-        ranges.push(range.clone());
-        match answer(ctx, mcf, i) {
-            Ok(d) => {
-                all.allowed &= d.allowed;
-                all.zones.extend_from_slice(&d.zones);
-                said.push(Some(d));
-            }
+        let (range, backend) = {
+            let part = &*part_ptr(ctx, i);
+            (part.range(), part.backend)
+        };
+        let (said, d) = match answer(ctx, mcf, i) {
+            Ok(d) => (Some(d.allowed), d),
             Err(failure) => {
                 let (status, d) = stand_in(ctx, lcf, mcf, range, backend, failure);
-                all.allowed &= d.allowed;
-                all.zones.extend(d.zones);
-                stood.push(status);
-                said.push(None);
+                stood |= 1 << status as u32;
+                (None, d)
             }
-        }
+        };
+        (*part_ptr(ctx, i)).said = said;
+        all.allowed &= d.allowed;
+        all.zones.extend_from_slice(&d.zones);
+        mcf.spare.borrow_mut().keep_verdicts(d.zones);
     }
     if ctx.zones.iter().any(|z| z.lease.is_some()) {
         answered(ctx, mcf);
     }
     if all.allowed {
+        admitted(ctx, mcf, &mut all, core::iter::empty());
         // Slots are the ones Redis granted: a policy's stand-in took none there.
-        let heard = ranges.iter().zip(&said).filter(|(_, d)| d.is_some());
-        admitted(ctx, mcf, &mut all, heard.map(|(r, _)| r.clone()));
+        for i in 0..parts {
+            let part = &*part_ptr(ctx, i);
+            if part.said.is_some() {
+                take_slots(ctx, mcf, part.range());
+            }
+        }
     } else {
-        for (range, d) in ranges.iter().zip(&said) {
-            if let Some(d) = d {
-                undo(ctx, range.clone(), d);
+        for i in 0..parts {
+            let part = &*part_ptr(ctx, i);
+            if let Some(allowed) = part.said {
+                let range = part.range();
+                undo(ctx, range.clone(), allowed, &all.zones[range]);
             }
         }
         // Reservations granted with it stay this worker's, as any reservation does.
         keep_reservations(ctx, mcf, &mut all);
         if lcf.deny_cache() {
             // Only what Redis said is remembered, never a policy's stand-in.
-            let mut heard = all.clone();
-            for (range, d) in ranges.iter().zip(&said) {
-                if d.is_none() {
-                    heard.zones[range.clone()].iter_mut().for_each(|v| v.ok = true);
+            let mut heard = Decision { zones: mcf.spare.borrow_mut().verdicts(), ..all };
+            heard.zones.extend_from_slice(&all.zones);
+            for i in 0..parts {
+                let part = &*part_ptr(ctx, i);
+                if part.said.is_none() {
+                    heard.zones[part.range()].iter_mut().for_each(|v| v.ok = true);
                 }
             }
             remember_rejection(ctx, mcf, &heard);
+            mcf.spare.borrow_mut().keep_verdicts(heard.zones);
         }
     }
     record(ctx, &all);
-    let redis_refused = said.iter().flatten().any(|d| !d.allowed);
-    let has = |s: Status| stood.contains(&s);
+    mcf.spare.borrow_mut().keep_verdicts(all.zones);
+    let redis_refused = (0..parts).any(|i| (*part_ptr(ctx, i)).said == Some(false));
+    let has = |s: Status| stood & (1 << s as u32) != 0;
     ctx.status = match all.allowed {
         false if redis_refused => Status::Rejected,
         false if has(Status::RejectedLocal) => Status::RejectedLocal,
