@@ -201,27 +201,30 @@ impl Slots {
         self.next
     }
 
-    /// The orphans whose release is due at `now` (all but those on their way), marked as sent;
-    /// those past their time are forgotten, and the zones of the held ones among them (their
-    /// slots lapsed in Redis) pushed to `lapsed`.
-    pub fn orphans_due(&mut self, now: u64, lapsed: &mut Vec<usize>) -> Vec<u64> {
+    /// The orphans whose release is due at `now` (all but those on their way), marked as sent
+    /// and told to `each` with their zone; those past their time are forgotten, and the zones
+    /// of the held ones among them (their slots lapsed in Redis) told to `lapsed`.
+    pub fn orphans_due(
+        &mut self,
+        now: u64,
+        mut lapsed: impl FnMut(usize),
+        mut each: impl FnMut(u64, usize),
+    ) {
         let spare = &mut self.spare;
         self.orphans.retain(|_, o| {
             let keep = o.sending || now < o.until;
             if !keep {
                 if o.held {
-                    lapsed.push(o.slot.zone);
+                    lapsed(o.slot.zone);
                 }
                 recycle(spare, &mut o.slot);
             }
             keep
         });
-        let mut ids = Vec::new();
         for (&id, o) in self.orphans.iter_mut().filter(|(_, o)| !o.sending && now >= o.due) {
             o.sending = true;
-            ids.push(id);
+            each(id, o.slot.zone);
         }
-        ids
     }
 
     /// `ratelimit_fail local`: this worker's requests in flight of the (zone, key) `hash`.
@@ -290,17 +293,16 @@ impl Slots {
         Some(self.add_orphan(slot, now, true, true))
     }
 
-    /// Every slot due for renewal at `now`, marked as being renewed (sent at `now`). All go in
-    /// one sweep, so the pool writes them as one script call (up to 64 renewals a call).
-    pub fn due(&mut self, now: u64) -> Vec<u64> {
-        let mut ids = Vec::new();
+    /// Every slot due for renewal at `now`, marked as being renewed (sent at `now`) and told to
+    /// `each` with its zone. All go in one sweep, so the pool writes them as one script call
+    /// (up to 64 renewals a call).
+    pub fn due(&mut self, now: u64, mut each: impl FnMut(u64, usize)) {
         for (&id, h) in self.map.iter_mut() {
             if !h.ended && h.renewing.is_none() && now >= h.due {
                 h.renewing = Some(now);
-                ids.push(id);
+                each(id, h.zone);
             }
         }
-        ids
     }
 
     pub fn get(&self, id: u64) -> Option<&Held> {
@@ -344,6 +346,18 @@ impl Slots {
 mod tests {
     use super::*;
 
+    fn due(s: &mut Slots, now: u64) -> Vec<u64> {
+        let mut ids = Vec::new();
+        s.due(now, |id, _| ids.push(id));
+        ids
+    }
+
+    fn orphans_due(s: &mut Slots, now: u64, lapsed: &mut Vec<usize>) -> Vec<u64> {
+        let mut ids = Vec::new();
+        s.orphans_due(now, |zone| lapsed.push(zone), |id, _| ids.push(id));
+        ids
+    }
+
     fn slot(member: &[u8]) -> SlotRef<'_> {
         SlotRef { key: [b"rl:conc:a", b"", b"", b""], limit: 5, life_ms: 3000, member }
     }
@@ -373,14 +387,14 @@ mod tests {
     fn a_slot_is_renewed_every_third_of_its_life_from_when_the_renewal_was_sent() {
         let mut s = Slots::new();
         let a = s.take(0, slot(b"a"), 1000);
-        assert!(s.due(1999).is_empty(), "a third of 3 s after the decision was sent");
-        assert_eq!(s.due(2000), vec![a]);
-        assert!(s.due(2100).is_empty(), "not sent again while on its way");
+        assert!(due(&mut s, 1999).is_empty(), "a third of 3 s after the decision was sent");
+        assert_eq!(due(&mut s, 2000), vec![a]);
+        assert!(due(&mut s, 2100).is_empty(), "not sent again while on its way");
         assert!(!s.renewal_answered(a, Renewal::Kept, 2100));
-        assert!(s.due(2999).is_empty());
-        assert_eq!(s.due(3000), vec![a], "due a third of a life after the renewal was sent");
+        assert!(due(&mut s, 2999).is_empty());
+        assert_eq!(due(&mut s, 3000), vec![a], "due a third of a life after the renewal was sent");
         assert!(!s.renewal_answered(a, Renewal::Failed, 3050));
-        assert_eq!(s.due(3100), vec![a], "a failed renewal is tried again at the next sweep");
+        assert_eq!(due(&mut s, 3100), vec![a], "a failed renewal is tried again at the next sweep");
     }
 
     #[test]
@@ -388,14 +402,14 @@ mod tests {
         let mut s = Slots::new();
         let a = s.take(0, slot(b"a"), 0);
         let b = s.take(1, slot(b"b"), 50);
-        let mut due = s.due(1100);
-        due.sort();
-        assert_eq!(due, vec![a, b], "one sweep, one batch");
+        let mut ids = due(&mut s, 1100);
+        ids.sort();
+        assert_eq!(ids, vec![a, b], "one sweep, one batch");
         assert!(s.renewal_answered(a, Renewal::WrittenBack, 1150), "counted lapsed");
         assert!(!s.renewal_answered(b, Renewal::Kept, 1150));
-        let mut due = s.due(2100);
-        due.sort();
-        assert_eq!(due, vec![a, b], "still renewed: its request runs");
+        let mut ids = due(&mut s, 2100);
+        ids.sort();
+        assert_eq!(ids, vec![a, b], "still renewed: its request runs");
         assert_eq!(s.get(a).map(|h| h.member.as_ref()), Some(&b"a"[..]));
     }
 
@@ -405,26 +419,33 @@ mod tests {
         let mut lapsed = Vec::new();
         assert!(s.orphan(1, slot(b"late"), 1000));
         assert!(!s.is_empty() && s.renewing_any());
-        let o = s.orphans_due(1000, &mut lapsed);
+        let o = orphans_due(&mut s, 1000, &mut lapsed);
         assert_eq!(o.len(), 1);
         assert_eq!(s.orphan_slot(o[0]).map(|h| h.slot_ref()), Some(slot(b"late")));
-        assert!(s.orphans_due(1100, &mut lapsed).is_empty(), "not sent again while on its way");
+        assert!(
+            orphans_due(&mut s, 1100, &mut lapsed).is_empty(),
+            "not sent again while on its way"
+        );
         assert_eq!(s.orphan_answered(o[0], Release::NotThere, 1010), None);
-        assert!(s.orphans_due(1100, &mut lapsed).is_empty());
-        assert_eq!(s.orphans_due(1110, &mut lapsed), o, "not there yet: sent again a tick later");
+        assert!(orphans_due(&mut s, 1100, &mut lapsed).is_empty());
+        assert_eq!(
+            orphans_due(&mut s, 1110, &mut lapsed),
+            o,
+            "not there yet: sent again a tick later"
+        );
         assert_eq!(s.orphan_answered(o[0], Release::NotThere, 1120), None);
-        assert!(s.orphans_due(1310, &mut lapsed).is_empty(), "then after 200 ms");
-        assert_eq!(s.orphans_due(1320, &mut lapsed), o);
+        assert!(orphans_due(&mut s, 1310, &mut lapsed).is_empty(), "then after 200 ms");
+        assert_eq!(orphans_due(&mut s, 1320, &mut lapsed), o);
         assert_eq!(s.orphan_answered(o[0], Release::NotThere, 1330), None);
-        assert!(s.orphans_due(1720, &mut lapsed).is_empty(), "then after 400 ms");
-        assert_eq!(s.orphans_due(1730, &mut lapsed), o);
+        assert!(orphans_due(&mut s, 1720, &mut lapsed).is_empty(), "then after 400 ms");
+        assert_eq!(orphans_due(&mut s, 1730, &mut lapsed), o);
         assert_eq!(s.orphan_answered(o[0], Release::Removed, 1740), None, "counted nowhere");
         assert!(s.is_empty(), "removed: done");
 
         assert!(s.orphan(1, slot(b"never"), 0));
-        let o = s.orphans_due(0, &mut lapsed);
+        let o = orphans_due(&mut s, 0, &mut lapsed);
         s.orphan_answered(o[0], Release::Failed, 0);
-        assert!(s.orphans_due(3000, &mut lapsed).is_empty(), "a life later: forgotten");
+        assert!(orphans_due(&mut s, 3000, &mut lapsed).is_empty(), "a life later: forgotten");
         assert!(s.is_empty() && lapsed.is_empty(), "never taken: nothing lapsed");
     }
 
@@ -436,9 +457,9 @@ mod tests {
         let r = s.release(a, 500).unwrap();
         assert_eq!(s.orphan_slot(r).map(|h| (h.zone, h.slot_ref())), Some((2, slot(b"m"))));
         assert_eq!(s.release(a, 500), None, "a second release finds nothing");
-        assert!(s.orphans_due(600, &mut lapsed).is_empty(), "sent at once, not by the sweep");
+        assert!(orphans_due(&mut s, 600, &mut lapsed).is_empty(), "sent at once, not by the sweep");
         assert_eq!(s.orphan_answered(r, Release::Failed, 0), None);
-        assert_eq!(s.orphans_due(600, &mut lapsed), vec![r], "failed: sent again");
+        assert_eq!(orphans_due(&mut s, 600, &mut lapsed), vec![r], "failed: sent again");
         assert_eq!(
             s.orphan_answered(r, Release::NotThere, 0),
             Some(2),
@@ -449,9 +470,9 @@ mod tests {
         let b = s.take(3, slot(b"n"), 0);
         let r = s.release(b, 0).unwrap();
         s.orphan_answered(r, Release::Failed, 0);
-        s.orphans_due(100, &mut lapsed);
+        orphans_due(&mut s, 100, &mut lapsed);
         s.orphan_answered(r, Release::Failed, 0);
-        assert!(s.orphans_due(3000, &mut lapsed).is_empty());
+        assert!(orphans_due(&mut s, 3000, &mut lapsed).is_empty());
         assert_eq!(lapsed, vec![3], "never answered for a life: it lapsed in Redis");
         assert!(!s.renewal_answered(b, Renewal::WrittenBack, 3000), "released: not renewed");
     }
@@ -461,20 +482,20 @@ mod tests {
         let mut s = Slots::new();
         let mut lapsed = Vec::new();
         let a = s.take(0, slot(b"m"), 0);
-        assert_eq!(s.due(1000), vec![a]);
+        assert_eq!(due(&mut s, 1000), vec![a]);
         let r = s.release(a, 1010).unwrap();
-        assert!(s.due(2100).is_empty(), "ended: never renewed again");
+        assert!(due(&mut s, 2100).is_empty(), "ended: never renewed again");
         assert_eq!(s.orphan_answered(r, Release::Removed, 0), Some(0));
         // The release ran before the renewal, which found the member gone and wrote it back.
         assert!(!s.renewal_answered(a, Renewal::WrittenBack, 1020), "not a lapse");
-        let again = s.orphans_due(1020, &mut lapsed);
+        let again = orphans_due(&mut s, 1020, &mut lapsed);
         assert_eq!(again.len(), 1);
         assert_eq!(s.orphan_slot(again[0]).map(|h| h.slot_ref()), Some(slot(b"m")));
         assert_eq!(s.orphan_answered(again[0], Release::Removed, 0), None);
         assert!(s.is_empty());
 
         let b = s.take(0, slot(b"k"), 0);
-        s.due(1000);
+        due(&mut s, 1000);
         let r = s.release(b, 1010).unwrap();
         assert!(!s.renewal_answered(b, Renewal::Kept, 1020), "the renewal ran first");
         assert_eq!(s.orphan_answered(r, Release::Removed, 0), Some(0));

@@ -101,23 +101,20 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
 /// Sends a renewal for every slot due and a release for every orphan: decisions of their own,
 /// queued in this one tick, so that the pool writes them together.
 fn renew(mcf: &MainConf, now: u64) {
-    let due: Vec<(SlotOp, u64, usize)> = {
-        let mut slots = mcf.slots.borrow_mut();
-        let Some(slots) = slots.as_mut() else { return };
-        let mut due = Vec::new();
-        for id in slots.due(now) {
-            due.extend(slots.get(id).map(|h| (SlotOp::Renew, id, h.zone)));
-        }
-        let mut lapsed = Vec::new();
-        for id in slots.orphans_due(now, &mut lapsed) {
-            due.extend(slots.orphan_slot(id).map(|h| (SlotOp::Release, id, h.zone)));
-        }
+    // Listed first: sending borrows the table again.
+    let mut due = DUE.with(|d| core::mem::take(&mut *d.borrow_mut()));
+    if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
         let metrics = mcf.metrics.get();
-        lapsed.into_iter().for_each(|zone| metrics.slot(zone, SlotEvent::Lapsed));
-        due
-    };
-    for (op, id, zone) in due {
+        slots.due(now, |id, zone| due.push((SlotOp::Renew, id, zone)));
+        let lapsed = |zone| metrics.slot(zone, SlotEvent::Lapsed);
+        slots.orphans_due(now, lapsed, |id, zone| due.push((SlotOp::Release, id, zone)));
+    }
+    for &(op, id, zone) in &due {
         submit_slot_op(mcf, op, id, zone);
+    }
+    if due.capacity() <= DUE_KEPT {
+        due.clear();
+        DUE.with(|d| *d.borrow_mut() = due);
     }
 }
 
@@ -185,7 +182,16 @@ std::thread_local! {
     static SPARE: core::cell::RefCell<Vec<Box<Returning>>> = const {
         core::cell::RefCell::new(Vec::new())
     };
+    /// A tick's renewals and releases, the list kept for the next tick: a sweep that renews
+    /// slots allocates nothing once it has grown.
+    static DUE: core::cell::RefCell<Vec<(SlotOp, u64, usize)>> = const {
+        core::cell::RefCell::new(Vec::new())
+    };
 }
+
+/// A tick's list kept for the next holds at most this many: a burst of slots leaves no large
+/// list behind.
+const DUE_KEPT: usize = 1024;
 
 /// Finished give-backs kept for the next, at most.
 const SPARES_KEPT: usize = 64;
