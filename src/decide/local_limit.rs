@@ -114,23 +114,23 @@ impl LocalLimiter {
         });
         let ok =
             |remaining| ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
-        // Every rate zone's verdict before any is charged, as one Redis decision reads them.
+        // Every rate zone's verdict before any is charged, as one Redis decision reads them; the
+        // keys without a counter are counted on the way, one lookup each.
+        let mut new = 0;
         out.clear();
         out.extend(parts.clone().map(|p| match p {
-            LocalPart::Rate(z) if room => self.check(&z, now_ms),
+            LocalPart::Rate(z) if room => {
+                let counter = self.counters.get(&z.hash).copied();
+                new += usize::from(counter.is_none() && z.cost > 0);
+                verdict(counter, &z, now_ms)
+            }
             LocalPart::Rate(z) => ok(z.limit),
             // Written below, once the request's fate is known.
             LocalPart::Concurrency { .. } => ok(0),
         }));
         let allowed = room && out.iter().all(|v| v.ok);
-        if allowed {
-            let new = parts.clone().filter(|p| match p {
-                LocalPart::Rate(z) => z.cost > 0 && !self.counters.contains_key(&z.hash),
-                LocalPart::Concurrency { .. } => false,
-            });
-            if !self.room_for(new.count(), now_ms) {
-                return None;
-            }
+        if allowed && !self.room_for(new, now_ms) {
+            return None;
         }
         for (p, v) in parts.zip(out.iter_mut()) {
             match p {
@@ -149,9 +149,13 @@ impl LocalLimiter {
         Some(allowed)
     }
 
-    /// Charges an admitted zone its cost, and says so in its verdict.
+    /// Charges an admitted zone its cost, and says so in its verdict, with the reset of its new
+    /// count: when the zone admits one more unit than is left (0 when nothing is in use; a
+    /// `Remaining: 0` with `Reset: 0` would contradict the `Retry-After` of the rejection that
+    /// follows), as Redis' verdicts give it.
     fn take(&mut self, z: &LocalZone, v: &mut ZoneVerdict, now_ms: u64) {
-        if z.cost > 0 {
+        v.remaining -= z.cost;
+        let counter = if z.cost > 0 {
             if self.counters.capacity() == 0 {
                 self.counters.reserve(self.reserve);
             }
@@ -161,9 +165,14 @@ impl LocalLimiter {
             // Admitted, so cur + cost is at most the limit, and so is prev.
             let (cur, prev) = ((cur + z.cost) as u32, prev as u32);
             *c = Counter { window: idx, window_ms: z.window_ms, cur, prev, last_ms: now_ms };
+            Some(*c)
+        } else {
+            self.counters.get(&z.hash).copied()
+        };
+        if v.remaining < z.limit {
+            v.reset_ms =
+                verdict(counter, &LocalZone { cost: v.remaining + 1, ..*z }, now_ms).reset_ms;
         }
-        v.remaining -= z.cost;
-        v.reset_ms = self.next_unit_ms(z, v.remaining, now_ms);
     }
 
     /// Whether `new` more counters fit, after dropping those that no longer count if the table
@@ -179,43 +188,34 @@ impl LocalLimiter {
         self.counters.retain(|_, c| c.live(now_ms));
         self.counters.len() + new <= self.capacity
     }
+}
 
-    /// An admission's reset, as Redis' verdicts give it: when the zone admits one more unit
-    /// than `remaining` (0 when nothing is in use). A `Remaining: 0` with `Reset: 0` would
-    /// contradict the `Retry-After` of the rejection that follows.
-    fn next_unit_ms(&self, z: &LocalZone, remaining: u64, now_ms: u64) -> u64 {
-        if remaining >= z.limit {
-            return 0;
-        }
-        self.check(&LocalZone { cost: remaining + 1, ..*z }, now_ms).reset_ms
+/// A rate zone's verdict at `now_ms` from its key's counter (`None`: the key has none):
+/// `reset_ms` of a rejecting zone is when the cost would fit.
+fn verdict(counter: Option<Counter>, z: &LocalZone, now_ms: u64) -> ZoneVerdict {
+    let (w, idx, elapsed) = (z.window_ms, now_ms / z.window_ms, now_ms % z.window_ms);
+    let (cur, prev) = counter.map_or((0, 0), |c| c.at(idx, w, now_ms));
+    // Scaled by the window so that the weighting stays in integers.
+    let used = prev as u128 * (w - elapsed) as u128 + cur as u128 * w as u128;
+    let room = (z.limit as u128 * w as u128).saturating_sub(used);
+    let remaining = (room / w as u128) as u64;
+    if remaining >= z.cost {
+        return ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
     }
-
-    fn check(&self, z: &LocalZone, now_ms: u64) -> ZoneVerdict {
-        let (w, idx, elapsed) = (z.window_ms, now_ms / z.window_ms, now_ms % z.window_ms);
-        let counter = self.counters.get(&z.hash);
-        let (cur, prev) = counter.map_or((0, 0), |c| c.at(idx, w, now_ms));
-        // Scaled by the window so that the weighting stays in integers.
-        let used = prev as u128 * (w - elapsed) as u128 + cur as u128 * w as u128;
-        let room = (z.limit as u128 * w as u128).saturating_sub(used);
-        let remaining = (room / w as u128) as u64;
-        if remaining >= z.cost {
-            return ZoneVerdict { ok: true, remaining, reset_ms: 0, grant: Grant::default() };
-        }
-        // When will prev * (w - e) + cur * w <= (limit - cost) * w hold, if nothing else comes?
-        let target = (z.limit - z.cost.min(z.limit)) as u128 * w as u128;
-        let retry_ms = if cur as u128 * w as u128 <= target {
-            // Within this window, as the previous one's weight falls (prev > 0 here).
-            let e = w as u128 - (target - cur as u128 * w as u128) / prev.max(1) as u128;
-            (e as u64).saturating_sub(elapsed).max(1)
-        } else {
-            // In the next window the current count is the weighted one.
-            let e = w as u128 - (target / cur.max(1) as u128).min(w as u128);
-            w - elapsed + e as u64
-        };
-        // A window after the last unit was taken, none of them counts (`Counter::at`).
-        let retry_ms = counter.map_or(retry_ms, |c| retry_ms.min(c.last_ms + w - now_ms));
-        ZoneVerdict { ok: false, remaining, reset_ms: retry_ms, grant: Grant::default() }
-    }
+    // When will prev * (w - e) + cur * w <= (limit - cost) * w hold, if nothing else comes?
+    let target = (z.limit - z.cost.min(z.limit)) as u128 * w as u128;
+    let retry_ms = if cur as u128 * w as u128 <= target {
+        // Within this window, as the previous one's weight falls (prev > 0 here).
+        let e = w as u128 - (target - cur as u128 * w as u128) / prev.max(1) as u128;
+        (e as u64).saturating_sub(elapsed).max(1)
+    } else {
+        // In the next window the current count is the weighted one.
+        let e = w as u128 - (target / cur.max(1) as u128).min(w as u128);
+        w - elapsed + e as u64
+    };
+    // A window after the last unit was taken, none of them counts (`Counter::at`).
+    let retry_ms = counter.map_or(retry_ms, |c| retry_ms.min(c.last_ms + w - now_ms));
+    ZoneVerdict { ok: false, remaining, reset_ms: retry_ms, grant: Grant::default() }
 }
 
 #[cfg(test)]

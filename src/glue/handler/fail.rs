@@ -28,8 +28,9 @@ pub(super) unsafe fn fail(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf, failure:
     }
     mcf.spare.borrow_mut().keep_verdicts(d.zones);
     ctx.status = status;
-    // One backend decides the whole location: its line names no backend.
-    log_failure(ctx, status, no_room, &failure, ctx.part.as_ref().map_or(0, |p| p.backend), "");
+    // One backend decides the whole location (its first zone's): its line names no backend.
+    let backend = ctx.zones.first().map_or(0, |z| mcf.zones[z.zone].backend);
+    log_failure(ctx, status, no_room, &failure, backend, "");
 }
 
 /// With several backends, what the policy makes of the zones `range` of `backend`, which could

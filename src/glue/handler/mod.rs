@@ -22,12 +22,12 @@ use crate::decide::quota::Period;
 use crate::decide::script::{self, Decision, EncodedFigures, Place, SlotRef, ZoneArgs};
 use crate::decide::status::Status;
 use crate::decide::table_key::{TableHead, TableKey};
-use crate::glue::conf::{Clock, KeyPiece, LocConf, MainConf, Param, Zone};
+use crate::glue::conf::{Clock, FailPolicy, KeyPiece, LocConf, MainConf, Param, Zone};
 use crate::glue::giveback;
 use crate::glue::module::RateLimit;
 use crate::glue::request::{attach, detach, pool_copy, wall_ms, zone_key, PoolVec};
 use crate::glue::value::Value;
-use crate::redis::pool::WorkerPool;
+use crate::redis::pool::{RedisError, WorkerPool};
 
 mod fail;
 mod memory;
@@ -320,6 +320,15 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
         return apply(ctx, lcf, mcf);
     }
 
+    let backend_of = |zones: &[ZoneReq], i: usize| mcf.zones[zones[i].zone].backend;
+    let (n, first) = (ctx.zones.len(), backend_of(&ctx.zones, 0));
+    // Its zones are grouped by backend (`merge_loc_conf`): a part per group.
+    let split =
+        if lcf.several { (1..n).find(|&i| backend_of(&ctx.zones, i) != first) } else { None };
+    let pool = mcf.pool(first);
+    if split.is_none() && pool.as_ref().is_some_and(|p| p.refusing()) {
+        return backend_down(ctx, lcf, mcf);
+    }
     if !cleanup_at_end(ctx) {
         return NGX_ERROR as ngx_int_t;
     }
@@ -330,10 +339,7 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     // One clock per decision: the gateway's only when every zone asks for it.
     let now = ctx.zones.iter().all(|z| mcf.zones[z.zone].clock == Clock::Nginx).then(|| wall_ms());
     let me: *mut Ctx = ctx;
-    let backend = |i: usize| mcf.zones[ctx.zones[i].zone].backend;
-    let (n, first) = (ctx.zones.len(), backend(0));
-    // Its zones are grouped by backend (`merge_loc_conf`): a part per group.
-    let split = if lcf.several { (1..n).find(|&i| backend(i) != first) } else { None };
+    let backend = |i: usize| backend_of(&ctx.zones, i);
     if let Some(split) = split {
         let parts = 1 + (split + 1..n).filter(|&i| backend(i) != backend(i - 1)).count();
         const { assert!(align_of::<Part>() <= align_of::<usize>()) };
@@ -356,10 +362,10 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     // A request whose keys are all on one backend (the others' empty) places nothing to undo:
     // no other backend can refuse it.
     let several = split.is_some();
-    let sent = ask(&ctx.zones, part, several, mcf, now);
+    let sent = ask(&ctx.zones, part, pool, several, mcf, now);
     for part in ctx.more.iter_mut() {
         attach(&mut part.waiter, &mut part.ev, on_event, r);
-        ask(&ctx.zones, part, several, mcf, now);
+        ask(&ctx.zones, part, mcf.pool(part.backend), several, mcf, now);
     }
     if !sent && ctx.more.iter().all(|p| p.done) {
         decide(ctx, lcf, mcf);
@@ -369,6 +375,19 @@ unsafe fn start(r: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf) -> ng
     // Notice a client that goes away while it waits (499), as limit_req's delay does.
     (*r).read_event_handler = Some(ngx_http_test_reading);
     NGX_AGAIN as ngx_int_t
+}
+
+/// The location's one backend is known down: its `ratelimit_fail` decides at once, as after a
+/// refused call, with nothing sent and so nothing to detach from. Only the slots the local
+/// fallback takes are released at the request's end (`cleanup_at_end`).
+unsafe fn backend_down(ctx: &mut Ctx, lcf: &LocConf, mcf: &MainConf) -> ngx_int_t {
+    let holds = lcf.fail() == FailPolicy::Local
+        && ctx.zones.iter().any(|z| mcf.zones[z.zone].concurrency());
+    if holds && !cleanup_at_end(ctx) {
+        return NGX_ERROR as ngx_int_t;
+    }
+    fail(ctx, lcf, mcf, Failure::Redis(RedisError::Unavailable));
+    apply(ctx, lcf, mcf)
 }
 
 /// A key value for Redis Cluster, in the request's pool: only the braces of the configuration

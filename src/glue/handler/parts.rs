@@ -13,7 +13,7 @@ use crate::decide::status::Status;
 use crate::glue::conf::{LocConf, MainConf};
 use crate::glue::giveback;
 use crate::redis::follow::{submit, Retries};
-use crate::redis::pool::{Frame, RedisError, Waiter};
+use crate::redis::pool::{Frame, RedisError, Waiter, WorkerPool};
 
 use super::fail::{stand_in, Failure};
 use super::memory::{answered, keep_reservations, remember_rejection, take_slots};
@@ -66,18 +66,19 @@ impl Part {
     }
 }
 
-/// Sends a part of the request's decision to its backend; false when it is done at once (Redis
-/// known down, keys in different Cluster slots). `several`: the request has other parts, on
-/// other backends, which may refuse it after this one admits.
+/// Sends a part of the request's decision to its backend (through `pool`, that backend's);
+/// false when it is done at once (Redis known down, keys in different Cluster slots).
+/// `several`: the request has other parts, on other backends, which may refuse it after this
+/// one admits.
 pub(super) unsafe fn ask(
     zones: &[ZoneReq],
     part: &mut Part,
+    pool: Option<&mut WorkerPool>,
     several: bool,
     mcf: &MainConf,
     now: Option<u64>,
 ) -> bool {
     let Some(redis) = mcf.redis(part.backend) else { return false };
-    let pool = mcf.pool(part.backend);
     if pool.as_ref().is_some_and(|p| p.refusing()) {
         // Known down: refused as `submit` would refuse it, without writing its arguments.
         part.waiter.result = Some(Err(RedisError::Unavailable));
