@@ -4,15 +4,16 @@
 # its write causes, the EXISTS that renews the key's tracking, the check by
 # rid), rejections answered from the deny cache, requests that hold a
 # concurrency slot (taken, then released when they end), requests to a location
-# with a zone on each of two backends (a part asked of each), and requests that
+# with a zone on each of two backends (a part asked of each), requests that
 # `ratelimit_fail local` decides while Redis is down (a rate zone, and a
-# concurrency zone's slot counted by the worker).  nginx runs under
+# concurrency zone's slot counted by the worker), and requests whose cost is
+# settled when they end (`settle=`: units given back, and units charged).  nginx runs under
 # valgrind's dhat twice, a warm-up then a short and a long run of the same
 # requests; the allocations made from the module's own code in the long
 # life's extra requests, per request, must be 0 (a few are let through for a
 # buffer still growing to its size).  Before this was built a renewal round
-# made about 20, a request holding a slot 5, one decided locally 7, and one on
-# two backends 7.  The dead backend's probes follow time, not requests: they
+# made about 20, a request holding a slot 5, one decided locally 7, one on
+# two backends 7, and one settled 3.  The dead backend's probes follow time, not requests: they
 # are counted apart.
 use lib 't/lib';
 use RLTest;
@@ -36,6 +37,7 @@ my $http = <<'EOF';
     ratelimit_zone per_uri  key=$uri limit=10000000 window=600s algorithm=sliding_counter lease=20 lease_time=120s;
     ratelimit_zone per_host key=$host limit=10000000 window=600s algorithm=sliding_counter lease=20 lease_time=120s;
     ratelimit_zone denied   key=$arg_k limit=1 window=60s algorithm=sliding_counter;
+    ratelimit_zone settled  key=$arg_k limit=100000000 window=600s algorithm=sliding_counter;
     ratelimit_zone conc     key=$arg_k limit=1000 algorithm=concurrency;
     # The same server under a second name: a location with zones on both asks each its part
     # (both zones exact, as a location gives every zone lease= or none).
@@ -53,6 +55,7 @@ my $config = <<'EOF';
     location /l2 { ratelimit per_key; ratelimit per_addr; }
     location /l4 { ratelimit per_key; ratelimit per_addr; ratelimit per_uri; ratelimit per_host; }
     location /deny { ratelimit denied; }
+    location /settle { ratelimit settled cost=10 settle=$arg_used; }
     location /conc { ratelimit conc; }
     location /several { ratelimit this_key; ratelimit other_key; }
     location /outage { ratelimit down; ratelimit_fail local; }
@@ -61,7 +64,7 @@ EOF
 
 # One round: a request to each location, each key in its own zone's life.
 my @ROUND = ('/l1?k=a', '/l2?k=b', '/l4?k=c', '/deny?k=d', '/conc?k=e', '/outage?k=f',
-    '/outage_conc?k=g', '/several?k=h');
+    '/outage_conc?k=g', '/several?k=h', '/settle?k=i&used=3', '/settle?k=j&used=20');
 
 # Requests on keep-alive connections, pipelined 40 at a time; returns the
 # statuses ($ratelimit_status) seen.
@@ -145,15 +148,15 @@ note(sprintf 'module allocations: %d in the short life, %d in the long one: %.4f
     $short, $long, ($long - $short) / $requests, $requests);
 note('statuses in the long life: ' . join ' ', map { "$_ x $seen->{$_}" } sort keys %$seen);
 # Every leased request passed, most from a reservation; every deny-cache one rejected; every
-# concurrency and two-backend one passed (by Redis: PASSED).
-is(($seen->{PASSED} // 0) + ($seen->{PASSED_LEASE} // 0), 5 * $LONG,
-    'the leased, the concurrency and the two-backend locations admitted every request');
+# concurrency, two-backend and settled one passed (by Redis: PASSED).
+is(($seen->{PASSED} // 0) + ($seen->{PASSED_LEASE} // 0), 7 * $LONG,
+    'the leased, the concurrency, the two-backend and the settled locations admitted every request');
 cmp_ok($seen->{PASSED_LEASE} // 0, '>=', 3 * $LONG * 0.8, 'most from reservations');
-cmp_ok(($seen->{PASSED} // 0) - 2 * $LONG, '>=', 3 * $LONG / 20, 'the reservations renewed all along (20 units each)');
+cmp_ok(($seen->{PASSED} // 0) - 4 * $LONG, '>=', 3 * $LONG / 20, 'the reservations renewed all along (20 units each)');
 cmp_ok($seen->{REJECTED_CACHED} // 0, '>=', $LONG - 5, 'the deny location answered from the deny cache');
 is($seen->{PASSED_LOCAL} // 0, 2 * $LONG, 'the outage locations decided every request locally');
 ok(($long - $short) / $requests <= $MOST,
-    "module heap allocations per request on the lease, deny, concurrency, two-backend and outage paths: at most $MOST")
+    "module heap allocations per request on the lease, deny, concurrency, two-backend, outage and settle paths: at most $MOST")
     or diag('the extra requests allocated where the notes above say');
 
 check_no_alerts(error_log_text('long'), 'allocations');

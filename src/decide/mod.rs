@@ -10,6 +10,7 @@
 pub(crate) mod deny_cache;
 pub mod headers;
 pub mod key;
+pub mod key_buf;
 pub mod lease;
 pub(crate) mod local_limit;
 pub(crate) mod log_throttle;

@@ -102,6 +102,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::key_buf::KeyBuf;
 
     #[test]
     fn values() {
@@ -117,7 +118,7 @@ mod tests {
     fn pending(until_ms: u64) -> Pending {
         let place = GiveBack {
             zone: 0,
-            key: b"k".to_vec(),
+            key: KeyBuf::of(&[b"k"]),
             units: 1,
             token: 0,
             rid: 1,

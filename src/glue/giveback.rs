@@ -67,17 +67,22 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     let Some(s) = (*ptr::addr_of_mut!(SWEEP)).as_mut() else { return };
     let mcf = &*s.mcf;
     let now = ngx_current_msec as u64;
-    let back = mcf.leases.borrow_mut().as_mut().map(|leases| {
+    let mut back = SWEPT.with(|b| core::mem::take(&mut *b.borrow_mut()));
+    if let Some(leases) = mcf.leases.borrow_mut().as_mut() {
         if ngx_exiting != 0 {
-            return leases.drain();
+            back.extend(leases.drain());
+        } else {
+            // Reservations whose key's tracking was lost are checked once it can be had again.
+            leases.verify_unverified(now, |zone, key| track(mcf, zone, &[key]));
+            // The longest: a check on its way is given up only once no backend can still answer.
+            let timeout = mcf.backends.iter().map(|b| b.redis.timeout as u64).max().unwrap_or(0);
+            leases.sweep(now, timeout, &mut back);
         }
-        // Reservations whose key's tracking was lost are checked once it can be had again.
-        leases.verify_unverified(now, |zone, key| track(mcf, zone, &[key]));
-        // The longest: a check on its way is given up only once no backend can still answer.
-        let timeout = mcf.backends.iter().map(|b| b.redis.timeout as u64).max().unwrap_or(0);
-        leases.sweep(now, timeout)
-    });
-    send(mcf, back.into_iter().flatten());
+    }
+    send(mcf, back.drain(..));
+    if back.capacity() <= DUE_KEPT {
+        SWEPT.with(|b| *b.borrow_mut() = back);
+    }
     renew(mcf, now);
     resettle(mcf, now);
     if ngx_exiting != 0 {
@@ -187,10 +192,14 @@ std::thread_local! {
     static DUE: core::cell::RefCell<Vec<(SlotOp, u64, usize)>> = const {
         core::cell::RefCell::new(Vec::new())
     };
+    /// The reservations a tick gives back, the list kept for the next tick as `DUE` is.
+    static SWEPT: core::cell::RefCell<Vec<GiveBack>> = const {
+        core::cell::RefCell::new(Vec::new())
+    };
 }
 
-/// A tick's list kept for the next holds at most this many: a burst of slots leaves no large
-/// list behind.
+/// A tick's list kept for the next holds at most this many: a burst of slots or of expired
+/// reservations leaves no large list behind.
 const DUE_KEPT: usize = 1024;
 
 /// Finished give-backs kept for the next, at most.

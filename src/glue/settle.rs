@@ -58,11 +58,12 @@ unsafe fn settle_request(ctx: &mut Ctx) {
     let r = ctx.r;
     let Some(mcf) = RateLimit::main_conf(&*r) else { return };
     let now = ngx_current_msec as u64;
-    let mut sends = Vec::new();
-    for z in ctx.zones.iter() {
-        let (Some(cv), estimate) = (z.settle, z.placed.units) else { continue };
+    let settled = &mut ctx.settled;
+    // Each settlement goes as its zone is read: no list of them is made.
+    let sends = ctx.zones.iter().filter_map(|z| {
+        let (Some(cv), estimate) = (z.settle, z.placed.units) else { return None };
         if estimate == 0 || z.placed.rid == 0 {
-            continue;
+            return None;
         }
         // Parsed at once: the variable's own bytes.
         let value = cv.peek(r);
@@ -77,14 +78,14 @@ unsafe fn settle_request(ctx: &mut Ctx) {
                  (0 to 1000000000): the estimate {estimate} stays"
             );
         }
-        ctx.settled.get_or_insert(value.unwrap_or(estimate));
+        settled.get_or_insert(value.unwrap_or(estimate));
         let (units, charge) = match s {
-            Settlement::Keep => continue,
+            Settlement::Keep => return None,
             Settlement::Return(u) => (u, false),
             Settlement::Charge(u) => (u, true),
         };
         let until_ms = now + RETRY_MS;
-        sends.push(Pending { place: z.give_back(units), charge, until_ms, tried: false });
-    }
+        Some(Pending { place: z.give_back(units), charge, until_ms, tried: false })
+    });
     giveback::settle(mcf, sends);
 }

@@ -15,6 +15,7 @@
 
 use std::collections::hash_map::Entry as Slot;
 
+use crate::decide::key_buf::KeyBuf;
 use crate::decide::table_key::{stored_key, stored_zone, ByHash, TableKey};
 
 #[cfg(test)]
@@ -84,7 +85,7 @@ pub struct Grant {
 pub struct GiveBack {
     pub zone: usize,
     /// The whole Redis key.
-    pub key: Vec<u8>,
+    pub key: KeyBuf,
     pub units: u64,
     /// Names the unspent units: for the log the first unspent member, else the grant's token.
     pub token: u64,
@@ -167,7 +168,7 @@ impl Held {
     fn give_back(&self, zone: usize, key: &[u8], algorithm_is_log: bool) -> Option<GiveBack> {
         (self.left() > 0).then(|| GiveBack {
             zone,
-            key: key.to_vec(),
+            key: KeyBuf::of(&[key]),
             units: self.left(),
             // The log's reserved members are consecutive from the token; the spent ones first.
             token: if algorithm_is_log { self.grant.token + self.spent } else { self.grant.token },
@@ -442,11 +443,10 @@ impl Leases {
         old.and_then(|h| h.give_back(ask.key.zone, stored_key(&e.key), log))
     }
 
-    /// Reservations whose time is up give back what is left; checks Redis has not answered
-    /// within `timeout_ms` are given up (the reservation `unverified`); keys idle for two lives
-    /// are forgotten.
-    pub fn sweep(&mut self, now: u64, timeout_ms: u64) -> Vec<GiveBack> {
-        let mut out = Vec::new();
+    /// Reservations whose time is up give back what is left, into `out`; checks Redis has not
+    /// answered within `timeout_ms` are given up (the reservation `unverified`); keys idle for
+    /// two lives are forgotten.
+    pub fn sweep(&mut self, now: u64, timeout_ms: u64, out: &mut Vec<GiveBack>) {
         let mut unverified = false;
         self.map.retain(|_, e| {
             if let Some(h) = e.held.filter(|h| now >= h.until) {
@@ -466,7 +466,6 @@ impl Leases {
             true
         });
         self.unverified = unverified;
-        out
     }
 
     /// Every reservation's unspent units, the table emptied: at worker exit and reload.
@@ -482,9 +481,10 @@ impl Leases {
         out
     }
 
-    /// The give-backs [`Leases::want`] set aside, to send before the decision.
-    pub fn take_back(&mut self) -> Vec<GiveBack> {
-        core::mem::take(&mut self.back)
+    /// The give-backs [`Leases::want`] set aside, to send before the decision (the list keeps
+    /// its room).
+    pub fn take_back(&mut self) -> std::vec::Drain<'_, GiveBack> {
+        self.back.drain(..)
     }
 }
 

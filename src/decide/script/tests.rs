@@ -4,6 +4,7 @@ use super::*;
 use crate::codec::call::{split_batch, write_batch};
 use crate::codec::resp::{Framer, Head, View, MAX_REPLY_LEN};
 use crate::decide::key::Key;
+use crate::decide::key_buf::KeyBuf;
 use crate::decide::lease::{GiveBack, Grant};
 
 #[test]
@@ -219,7 +220,7 @@ fn a_zone_that_settles_asks_for_a_placement_and_gets_seven_fields() {
 fn a_give_back_is_a_decision_of_its_own() {
     let g = GiveBack {
         zone: 0,
-        key: b"rl:api:a".to_vec(),
+        key: KeyBuf::of(&[b"rl:api:a"]),
         units: 3,
         token: 1234,
         rid: 1_700_000_000_123_456,

@@ -16,6 +16,7 @@ use ngx::ngx_log_error;
 
 use crate::decide::headers;
 use crate::decide::key::{cluster_value, Key, Piece};
+use crate::decide::key_buf::KeyBuf;
 use crate::decide::lease::{Ask, Figures, GiveBack, Grant};
 use crate::decide::params::{parse_cost, parse_limit, parse_window};
 use crate::decide::quota::Period;
@@ -172,7 +173,7 @@ impl ZoneReq {
     pub fn give_back(&self, units: u64) -> GiveBack {
         let (limit, window_ms) = (self.limit, self.window_ms);
         let Grant { token, rid, .. } = self.placed;
-        let key = self.key.parts().concat();
+        let key = KeyBuf::of(&self.key.parts());
         GiveBack { zone: self.zone, key, units, token, rid, limit, window_ms }
     }
 
