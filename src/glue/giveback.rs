@@ -67,22 +67,22 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
     let Some(s) = (*ptr::addr_of_mut!(SWEEP)).as_mut() else { return };
     let mcf = &*s.mcf;
     let now = ngx_current_msec as u64;
-    let mut back = SWEPT.with(|b| core::mem::take(&mut *b.borrow_mut()));
-    if let Some(leases) = mcf.leases.borrow_mut().as_mut() {
-        if ngx_exiting != 0 {
-            back.extend(leases.drain());
-        } else {
-            // Reservations whose key's tracking was lost are checked once it can be had again.
-            leases.verify_unverified(now, |zone, key| track(mcf, zone, &[key]));
-            // The longest: a check on its way is given up only once no backend can still answer.
-            let timeout = mcf.backends.iter().map(|b| b.redis.timeout as u64).max().unwrap_or(0);
-            leases.sweep(now, timeout, &mut back);
+    with_kept(&SWEPT, |back| {
+        if let Some(leases) = mcf.leases.borrow_mut().as_mut() {
+            if ngx_exiting != 0 {
+                back.extend(leases.drain());
+            } else {
+                // Reservations whose key's tracking was lost are checked once it can be had again.
+                leases.verify_unverified(now, |zone, key| track(mcf, zone, &[key]));
+                // The longest: a check on its way is given up only once no backend can still
+                // answer.
+                let timeout =
+                    mcf.backends.iter().map(|b| b.redis.timeout as u64).max().unwrap_or(0);
+                leases.sweep(now, timeout, back);
+            }
         }
-    }
-    send(mcf, back.drain(..));
-    if back.capacity() <= DUE_KEPT {
-        SWEPT.with(|b| *b.borrow_mut() = back);
-    }
+        send(mcf, back.drain(..));
+    });
     renew(mcf, now);
     resettle(mcf, now);
     if ngx_exiting != 0 {
@@ -107,19 +107,30 @@ unsafe extern "C" fn on_sweep(_ev: *mut ngx_event_t) {
 /// queued in this one tick, so that the pool writes them together.
 fn renew(mcf: &MainConf, now: u64) {
     // Listed first: sending borrows the table again.
-    let mut due = DUE.with(|d| core::mem::take(&mut *d.borrow_mut()));
-    if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
-        let metrics = mcf.metrics.get();
-        slots.due(now, |id, zone| due.push((SlotOp::Renew, id, zone)));
-        let lapsed = |zone| metrics.slot(zone, SlotEvent::Lapsed);
-        slots.orphans_due(now, lapsed, |id, zone| due.push((SlotOp::Release, id, zone)));
-    }
-    for &(op, id, zone) in &due {
-        submit_slot_op(mcf, op, id, zone);
-    }
-    if due.capacity() <= DUE_KEPT {
-        due.clear();
-        DUE.with(|d| *d.borrow_mut() = due);
+    with_kept(&DUE, |due| {
+        if let Some(slots) = mcf.slots.borrow_mut().as_mut() {
+            let metrics = mcf.metrics.get();
+            slots.due(now, |id, zone| due.push((SlotOp::Renew, id, zone)));
+            let lapsed = |zone| metrics.slot(zone, SlotEvent::Lapsed);
+            slots.orphans_due(now, lapsed, |id, zone| due.push((SlotOp::Release, id, zone)));
+        }
+        for &(op, id, zone) in due.iter() {
+            submit_slot_op(mcf, op, id, zone);
+        }
+    });
+}
+
+/// Runs `f` with a tick's list, taken out of `kept` (sending borrows the tables again) and
+/// put back emptied for the next tick, unless it grew past `DUE_KEPT`.
+fn with_kept<T>(
+    kept: &'static std::thread::LocalKey<core::cell::RefCell<Vec<T>>>,
+    f: impl FnOnce(&mut Vec<T>),
+) {
+    let mut list = kept.with(|k| core::mem::take(&mut *k.borrow_mut()));
+    f(&mut list);
+    if list.capacity() <= DUE_KEPT {
+        list.clear();
+        kept.with(|k| *k.borrow_mut() = list);
     }
 }
 
@@ -192,7 +203,7 @@ std::thread_local! {
     static DUE: core::cell::RefCell<Vec<(SlotOp, u64, usize)>> = const {
         core::cell::RefCell::new(Vec::new())
     };
-    /// The reservations a tick gives back, the list kept for the next tick as `DUE` is.
+    /// The reservations a tick gives back, kept as `DUE` is.
     static SWEPT: core::cell::RefCell<Vec<GiveBack>> = const {
         core::cell::RefCell::new(Vec::new())
     };
