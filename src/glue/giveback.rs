@@ -142,7 +142,7 @@ fn submit_slot_op(mcf: &MainConf, op: SlotOp, id: u64, zone: usize) {
         SlotOp::Renew => What::Renew { zone, id },
         SlotOp::Release => What::Orphan { id },
     };
-    let args = |room| {
+    let args = |room, _: &What| {
         let slots = mcf.slots.borrow();
         let slots = slots.as_ref()?;
         let held = if op == SlotOp::Renew { slots.get(id) } else { slots.orphan_slot(id) }?;
@@ -230,17 +230,17 @@ pub fn exit() {
 /// and sent again by the sweep until its time is up.
 pub fn settle(mcf: &MainConf, settlements: impl IntoIterator<Item = Pending>) {
     for p in settlements {
-        let zone = &mcf.zones[p.place.zone];
-        let mut g = p.place.clone();
-        g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
-        let (charge, algorithm, burst) = (p.charge, zone.algorithm, zone.burst);
-        let args = |room| {
-            Some(match charge {
-                true => EncodedArgs::charge(room, &g, algorithm, burst),
-                false => EncodedArgs::give_back(room, &g, algorithm),
+        let zone = p.place.zone;
+        // Read where the settlement lies once sent, kept for a retry: its key is not copied.
+        let args = |room, what: &What| {
+            let What::Settle(p) = what else { return None };
+            let (g, z) = (&p.place, &mcf.zones[zone]);
+            let window_ms = z.period.map_or(g.window_ms, Period::encode);
+            Some(match p.charge {
+                true => EncodedArgs::charge(room, g, z.algorithm, window_ms, z.burst),
+                false => EncodedArgs::give_back(room, g, z.algorithm, window_ms),
             })
         };
-        let zone = p.place.zone;
         if let Err(What::Settle(p)) = submit_one(mcf, What::Settle(p), zone, args) {
             keep_settlement(mcf, p);
         }
@@ -302,11 +302,12 @@ struct Returning {
 
 /// Sends each give-back as a decision of its own; replies are not waited for by anyone.
 pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
-    for mut g in back {
+    for g in back {
         let zone = &mcf.zones[g.zone];
         // A calendar quota's window field is its period, as in its decisions.
-        g.window_ms = zone.period.map_or(g.window_ms, Period::encode);
-        let args = |room| Some(EncodedArgs::give_back(room, &g, zone.algorithm));
+        let window_ms = zone.period.map_or(g.window_ms, Period::encode);
+        let args =
+            |room, _: &What| Some(EncodedArgs::give_back(room, &g, zone.algorithm, window_ms));
         // Refused at once (Redis known down): the units lapse, as the guarantee allows.
         let _ = submit_one(mcf, What::Units { zone: g.zone, units: g.units }, g.zone, args);
     }
@@ -315,7 +316,7 @@ pub fn send(mcf: &MainConf, back: impl IntoIterator<Item = GiveBack>) {
 /// Sends the check of a reservation of `key` after Redis said the key changed; an answer that
 /// cannot be had leaves the reservation unspent until it expires.
 pub fn check(mcf: &MainConf, key: &[u8], c: Check) {
-    let args = |room| Some(EncodedArgs::check(room, key, c.rid));
+    let args = |room, _: &What| Some(EncodedArgs::check(room, key, c.rid));
     if let Err(what) = submit_one(mcf, What::Check(c), c.zone, args) {
         answered(mcf, &what, key, None);
     }
@@ -328,20 +329,21 @@ pub fn track(mcf: &MainConf, zone: usize, key: &[&[u8]]) -> bool {
 }
 
 /// Queues one decision sent without a request, to `zone`'s backend, its arguments written by
-/// `args` in the room it is handed; gives `what` back if the pool refused it at once, or if
-/// `args` found nothing to send.
+/// `args` in the room it is handed, from `what` (where it lies from now on, kept for a retry)
+/// or from what `args` holds; gives `what` back if the pool refused it at once, or if `args`
+/// found nothing to send.
 fn submit_one(
     mcf: &MainConf,
     what: What,
     zone: usize,
-    args: impl FnOnce(Vec<u8>) -> Option<EncodedArgs>,
+    args: impl FnOnce(Vec<u8>, &What) -> Option<EncodedArgs>,
 ) -> Result<(), What> {
     let backend = mcf.zones[zone].backend;
     let Some(redis) = mcf.redis(backend) else { return Err(what) };
     // A give-back that finished earlier: its box and its arguments' buffer written over.
     let mut spare = SPARE.with(|s| s.borrow_mut().pop());
     let room = spare.as_mut().map_or_else(Vec::new, |s| core::mem::take(&mut s.args).into_room());
-    let Some(args) = args(room) else {
+    let Some(args) = args(room, &what) else {
         SPARE.with(|s| s.borrow_mut().extend(spare));
         return Err(what);
     };

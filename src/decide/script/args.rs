@@ -196,21 +196,29 @@ impl EncodedArgs {
 
     /// A decision of its own that returns a reservation's unspent units (`G<letter><rid>`),
     /// written in `room` (each of these builders: a buffer kept from an earlier one, or new).
-    pub fn give_back(room: Vec<u8>, g: &GiveBack, algorithm: Algorithm) -> Self {
+    /// `window_ms` is `g`'s as the script reads it (a calendar period's code), as the zone's
+    /// decisions send it.
+    pub fn give_back(room: Vec<u8>, g: &GiveBack, algorithm: Algorithm, window_ms: u64) -> Self {
         let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let token = resp::fmt_u64(g.token, &mut digits);
         let op = rid_op(&mut op, &[b'G', algorithm.code()[0]], g.rid);
-        Self::one_zone(room, &[&g.key], op, g.limit, g.window_ms, g.units, token)
+        Self::one_zone(room, &[&g.key], op, g.limit, window_ms, g.units, token)
     }
 
     /// A decision of its own that charges `g.units` more of a placement's key, past its limit
-    /// (`C<letter><rid>`): a settled value above the estimate. `burst` as the zone's decisions
-    /// send it (gcra's, a balance's default).
-    pub fn charge(room: Vec<u8>, g: &GiveBack, algorithm: Algorithm, burst: u64) -> Self {
+    /// (`C<letter><rid>`): a settled value above the estimate. `window_ms` as for `give_back`,
+    /// `burst` as the zone's decisions send it (gcra's, a balance's default).
+    pub fn charge(
+        room: Vec<u8>,
+        g: &GiveBack,
+        algorithm: Algorithm,
+        window_ms: u64,
+        burst: u64,
+    ) -> Self {
         let (mut digits, mut op) = ([0u8; 20], [0u8; 22]);
         let burst = resp::fmt_u64(burst, &mut digits);
         let op = rid_op(&mut op, &[b'C', algorithm.code()[0]], g.rid);
-        Self::one_zone(room, &[&g.key], op, g.limit, g.window_ms, g.units, burst)
+        Self::one_zone(room, &[&g.key], op, g.limit, window_ms, g.units, burst)
     }
 
     /// A decision of its own that asks whether the reservation `rid` is still of the present

@@ -227,11 +227,11 @@ fn a_give_back_is_a_decision_of_its_own() {
         limit: 100,
         window_ms: 60_000,
     };
-    let args = EncodedArgs::give_back(Vec::new(), &g, Algorithm::SlidingLog);
+    let args = EncodedArgs::give_back(Vec::new(), &g, Algorithm::SlidingLog, g.window_ms);
     let op = "Gl1700000000123456";
     assert_call(&args, &["1", "rl:api:a", "", op, "100", "60000", "3", "1234"]);
-    let charge = EncodedArgs::charge(Vec::new(), &g, Algorithm::Gcra, 7);
-    assert_call(&charge, &["1", "rl:api:a", "", "Cg1700000000123456", "100", "60000", "3", "7"]);
+    let charge = EncodedArgs::charge(Vec::new(), &g, Algorithm::Gcra, 14404, 7);
+    assert_call(&charge, &["1", "rl:api:a", "", "Cg1700000000123456", "100", "14404", "3", "7"]);
     let check = EncodedArgs::check(Vec::new(), b"rl:api:a", u64::MAX);
     assert_call(&check, &["1", "rl:api:a", "", "V18446744073709551615", "1", "1", "0", "0"]);
 }
