@@ -109,8 +109,9 @@ pub struct Conn {
     /// The framing of the reply at the start of `inbuf` so far.
     framer: resp::Framer,
     queued: VecDeque<Queued>,
-    /// Decisions written, oldest first, by sequence number, with what was sent for them;
-    /// `None` is a request that went away, whose reply is read and dropped.
+    /// Decisions written, in the order written (their replies' order), with their sequence
+    /// number and what was sent for them; `None` is a request that went away, whose reply is read
+    /// and dropped.
     in_flight: VecDeque<(u64, Option<NonNull<Waiter>>, Command)>,
     /// Commands written, oldest first: one reply each.
     sent: VecDeque<Sent>,
@@ -311,8 +312,10 @@ impl Conn {
             conn.queued.remove(i);
             return false;
         }
-        let i = conn.in_flight.partition_point(|&(s, _, _)| s < seq);
-        if let Some(slot) = conn.in_flight.get_mut(i).filter(|(s, _, _)| *s == seq) {
+        // Looked at one by one, not halved: a decision written again (its call refused for one
+        // of its keys, a redirection) keeps its number, to keep its place by age in `queued`,
+        // and comes after decisions with higher ones here.
+        if let Some(slot) = conn.in_flight.iter_mut().find(|(s, _, _)| *s == seq) {
             slot.1 = None;
             return true;
         }

@@ -20,7 +20,8 @@ use crate::redis::topology::redirect_from;
 
 impl Conn {
     /// Puts decisions of an answered call back in the queue, in their place by age: before
-    /// anything queued after them, and in the order `cancel` looks them up in.
+    /// anything queued after them, and in the order `cancel` looks them up in there. Written
+    /// again, they come after decisions with higher numbers in `in_flight`.
     fn requeue(&mut self, again: Vec<Queued>) {
         for q in again {
             let i = self.queued.partition_point(|x| x.seq < q.seq);
