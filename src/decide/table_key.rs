@@ -173,7 +173,7 @@ mod tests {
         let grant = Grant { units: 500, life_ms: 1000, token: 1, rid: 1 };
         for (z, head) in heads.iter().enumerate() {
             let key = head.key([b"rl:", b"ip", b":", b"10.0.0.1"]);
-            leases.granted(&Ask { key, cost: 1, figures }, grant, 0, 100, 60_000, false);
+            leases.granted(&Ask { key, cost: 1, figures }, grant, 0, 100, 60_000, false, false);
             let d = Denial {
                 until_ms: 5000,
                 kept_until_ms: 5000,

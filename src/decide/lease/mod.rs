@@ -411,7 +411,8 @@ impl Leases {
 
     /// Installs what Redis granted for a request started at `started` (monotonic ms), with the
     /// zone's remaining (the grant excluded) and reset. A reservation still held for the key is
-    /// replaced, and returned for giving back.
+    /// replaced, and returned for giving back. `tracked`: the key's tracking was just renewed,
+    /// after the decision's write.
     #[allow(clippy::too_many_arguments)]
     pub fn granted(
         &mut self,
@@ -421,6 +422,7 @@ impl Leases {
         remaining: u64,
         reset_ms: u64,
         log: bool,
+        tracked: bool,
     ) -> Option<GiveBack> {
         let margin = margin_ms(grant.life_ms) + self.lag_ms;
         if grant.units == 0 || grant.life_ms <= margin {
@@ -437,9 +439,18 @@ impl Leases {
                 return held.give_back(ask.key.zone, &ask.key.key(), log);
             }
         };
-        // The handler has just renewed the key's tracking, after this decision's write.
+        let mut new = held(grant, margin, ask.figures, remaining, started, reset_ms);
+        if tracked {
+            // Nothing tells of a reset between the decision's write and the renewal of the
+            // key's tracking (no longer tracked after the write, or not yet): the reservation
+            // is checked by rid once the renewal answers, and spent on meanwhile, as after a
+            // write of this worker's own.
+            (new.checking, new.checking_since) = (Checking::Tracking, started);
+        }
+        // A change told of from now on is not taken for this decision's write: one within
+        // `OWN_WRITE_MS` of the grant would pass for it, a reset right after it too.
         (e.asking_until, e.wrote) = (0, None);
-        let old = e.held.replace(held(grant, margin, ask.figures, remaining, started, reset_ms));
+        let old = e.held.replace(new);
         old.and_then(|h| h.give_back(ask.key.zone, stored_key(&e.key), log))
     }
 

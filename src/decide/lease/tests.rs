@@ -68,7 +68,7 @@ fn spends_locally_until_spent_or_expired_with_the_margin() {
     let mut l = Leases::new(10, 0);
     let a = ask(b"k", 2);
     assert_eq!(l.try_spend([ask(b"k", 1)], 0), None);
-    assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false), None);
+    assert_eq!(l.granted(&a, grant(5), 100, 40, 3000, false, false), None);
     assert_eq!(l.try_spend([ask(b"k", 2)], 150), Some((0, 43, 2950)));
     assert_eq!(l.try_spend([ask(b"k", 2)], 200), Some((0, 41, 2900)));
     // One left: a request of two goes to Redis, one of one spends it.
@@ -76,7 +76,7 @@ fn spends_locally_until_spent_or_expired_with_the_margin() {
     assert_eq!(l.try_spend([ask(b"k", 1)], 200), Some((0, 40, 2900)));
     assert_eq!(l.try_spend([ask(b"k", 1)], 200), None);
     // Expiry: life 1000 from the start at 100, less a 20 ms margin.
-    l.granted(&a, grant(5), 1000, 40, 0, false);
+    l.granted(&a, grant(5), 1000, 40, 0, false, false);
     assert!(l.try_spend([ask(b"k", 1)], 1979).is_some());
     assert_eq!(l.try_spend([ask(b"k", 1)], 1980), None);
 }
@@ -84,13 +84,13 @@ fn spends_locally_until_spent_or_expired_with_the_margin() {
 #[test]
 fn a_clock_updated_by_timer_resolution_stops_spending_that_much_earlier() {
     let mut l = Leases::new(10, 100);
-    l.granted(&ask(b"k", 1), grant(5), 1000, 40, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 1000, 40, 0, false, false);
     // Life 1000 less the 20 ms margin and the 100 ms the clock may lag.
     assert!(l.try_spend([ask(b"k", 1)], 1879).is_some());
     assert_eq!(l.try_spend([ask(b"k", 1)], 1880), None);
     // A life no longer than both is not kept: it is not spendable at all.
     let short = Grant { life_ms: 110, ..grant(5) };
-    assert_eq!(l.granted(&ask(b"j", 1), short, 2000, 40, 0, false), None);
+    assert_eq!(l.granted(&ask(b"j", 1), short, 2000, 40, 0, false, false), None);
     assert_eq!(l.try_spend([ask(b"j", 1)], 2000), None);
 }
 
@@ -98,18 +98,18 @@ fn a_clock_updated_by_timer_resolution_stops_spending_that_much_earlier() {
 fn a_request_spends_from_every_zone_or_from_none() {
     let mut l = Leases::new(10, 0);
     let b = ask_in(1, b"k", 1);
-    l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false, false);
     assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
-    l.granted(&b, grant(1), 0, 0, 0, false);
+    l.granted(&b, grant(1), 0, 0, 0, false, false);
     // Zone 1 has the least left: it describes the request.
     assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), Some((1, 0, 0)));
     // Zone 1 is spent: zone 0 keeps its two.
     assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
     assert_eq!(l.drain().iter().map(|g| g.units).sum::<u64>(), 2);
     // Zone 0's last unit, spent before zone 1 is found empty, is its own again.
-    l.granted(&ask(b"k", 1), grant(1), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(1), 0, 0, 0, false, false);
     assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), None);
-    l.granted(&b, grant(1), 0, 0, 0, false);
+    l.granted(&b, grant(1), 0, 0, 0, false, false);
     assert_eq!(l.try_spend([ask(b"k", 1), ask_in(1, b"k", 1)], 10), Some((0, 0, 0)));
     assert_eq!(l.try_spend([ask(b"k", 1)], 10), None, "used up: let go");
 }
@@ -117,7 +117,7 @@ fn a_request_spends_from_every_zone_or_from_none() {
 #[test]
 fn other_figures_are_not_served_from_a_reservation() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(3), 0, 0, 0, false, false);
     let other = Ask { figures: Figures { limit: 50, window_ms: 60_000 }, ..ask(b"k", 1) };
     assert_eq!(l.try_spend([other], 10), None);
 }
@@ -126,7 +126,7 @@ fn other_figures_are_not_served_from_a_reservation() {
 fn what_is_left_goes_back_at_expiry_replacement_and_drain() {
     let mut l = Leases::new(10, 0);
     let a = ask(b"k", 1);
-    l.granted(&a, grant(5), 0, 0, 0, true);
+    l.granted(&a, grant(5), 0, 0, 0, true, false);
     l.try_spend([ask(b"k", 1)], 10).unwrap();
     l.try_spend([ask(b"k", 1)], 10).unwrap();
     assert_eq!(l.swept(500, 500), vec![]);
@@ -145,8 +145,8 @@ fn what_is_left_goes_back_at_expiry_replacement_and_drain() {
         }]
     );
     assert_eq!(l.swept(990, 500), vec![]);
-    l.granted(&a, grant(4), 1000, 0, 0, false);
-    let old = l.granted(&a, grant(4), 1100, 0, 0, false).unwrap();
+    l.granted(&a, grant(4), 1000, 0, 0, false, false);
+    let old = l.granted(&a, grant(4), 1100, 0, 0, false, false).unwrap();
     assert_eq!((old.units, old.token), (4, 500));
     assert_eq!(l.drain().len(), 1);
     assert!(l.is_empty());
@@ -164,7 +164,7 @@ fn check_of(l: &mut Leases, gone: bool) -> Check {
 #[test]
 fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_our_own() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     assert!(l.changed(3, KEY, 0).is_some(), "the key's tracking to renew");
     assert_eq!(l.try_spend([ask(b"k", 1)], 10), None, "someone else's change: stopped");
     let c = check_of(&mut l, false);
@@ -189,7 +189,7 @@ fn a_change_is_checked_by_rid_and_stops_the_spending_unless_it_is_most_likely_ou
 #[test]
 fn a_change_heard_long_after_this_workers_decision_is_someone_elses() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     // A decision that wrote while the key was not tracked: no change of its own is ever told
     // of, and a reset a second later must not pass for it.
     l.answered(&ask(b"k", 5), 0);
@@ -203,7 +203,7 @@ fn a_change_heard_long_after_this_workers_decision_is_someone_elses() {
 #[test]
 fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     l.changed(3, KEY, 0);
     let c = check_of(&mut l, true);
     assert_eq!(l.try_spend([ask(b"k", 1)], 10), None);
@@ -220,7 +220,7 @@ fn a_key_found_gone_stops_the_spending_until_the_check_answers() {
 #[test]
 fn a_change_heard_during_a_check_is_checked_after_it() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     l.changed(3, KEY, 0);
     let first = check_of(&mut l, false);
     assert!(l.changed(3, KEY, 0).is_none(), "not a second check at once");
@@ -235,7 +235,7 @@ fn a_reset_heard_during_the_check_of_an_own_write_stops_the_spending() {
     // t/450's trace: this worker's own write is being checked (spent meanwhile) when another
     // gateway's reset is heard; the check on its way may have run before the reset.
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     l.answered(&ask(b"k", 5), 0);
     assert!(l.changed(3, KEY, 10).is_some());
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "its own write: spent during the check");
@@ -250,14 +250,57 @@ fn a_reset_heard_during_the_check_of_an_own_write_stops_the_spending() {
 }
 
 #[test]
+fn a_flush_heard_during_the_check_of_an_own_write_stops_the_spending() {
+    let mut l = Leases::new(10, 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
+    l.answered(&ask(b"k", 5), 0);
+    assert!(l.changed(3, KEY, 10).is_some());
+    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "its own write: spent during the check");
+    let first = check_of(&mut l, false);
+    l.suspect_all(20, |_, _| panic!("a check is on its way: the next one follows it"));
+    assert_eq!(l.try_spend([ask(b"k", 1)], 20), None, "a flush is never this worker's own");
+    assert!(l.checked(KEY, first, Some(true), 30), "the first check ran before the flush");
+    assert_eq!(l.try_spend([ask(b"k", 1)], 30), None, "not spent until the next check answers");
+    let again = check_of(&mut l, false);
+    assert!(!l.checked(KEY, again, Some(false), 40));
+    assert_eq!(l.try_spend([ask(b"k", 1)], 40), None);
+}
+
+#[test]
+fn a_reservation_is_checked_once_its_keys_tracking_is_renewed_after_the_grant() {
+    // A reset between the decision's write and the renewal of the key's tracking is told of
+    // by nothing: the key another gateway re-created since is there when the renewal answers.
+    let mut l = Leases::new(10, 0);
+    l.answered(&ask(b"k", 5), 0);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, true);
+    assert!(l.try_spend([ask(b"k", 1)], 1).is_some(), "spent while the tracking is renewed");
+    let c = check_of(&mut l, false);
+    assert_eq!((c.zone, c.rid), (0, 7));
+    assert!(l.try_spend([ask(b"k", 1)], 2).is_some(), "and during the check");
+    assert!(!l.checked(KEY, c, Some(false), 3));
+    assert_eq!(l.try_spend([ask(b"k", 1)], 3), None, "of an older life: dropped");
+    // A change told of after the grant (the decision's own write, or a reset right after it)
+    // is checked after the check on its way, nothing spent until then.
+    l.answered(&ask(b"k", 5), 10);
+    l.granted(&ask(b"k", 1), grant(5), 10, 0, 0, false, true);
+    assert!(l.changed(3, KEY, 11).is_none(), "a check on its way: another after it");
+    assert_eq!(l.try_spend([ask(b"k", 1)], 11), None, "not taken for the decision's own write");
+    let first = check_of(&mut l, false);
+    assert!(l.checked(KEY, first, Some(true), 12), "the key's tracking to renew again");
+    let again = check_of(&mut l, false);
+    assert!(!l.checked(KEY, again, Some(true), 13));
+    assert!(l.try_spend([ask(b"k", 1)], 13).is_some(), "of the key's life: spent again");
+}
+
+#[test]
 fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     l.changed(3, KEY, 0);
     let old = check_of(&mut l, true);
     // The key's reset is answered late: meanwhile its next life granted another.
     l.held_mut(KEY).unwrap().spent = 5;
-    l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false);
+    l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false, false);
     assert!(!l.checked(KEY, old, Some(false), 0));
     assert!(l.try_spend([ask(b"k", 1)], 30).is_some(), "the new life's grant stands");
     // No answer (Redis silent): spent while Redis cannot be asked, checked again later.
@@ -271,7 +314,7 @@ fn an_answer_about_an_older_grant_touches_neither_a_newer_grant_nor_its_check() 
 #[test]
 fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     assert!(l.changed(3, KEY, 100).is_some());
     l.checks(3, KEY, true, 100, |_| {});
     assert_eq!(l.try_spend([ask(b"k", 1)], 200), None);
@@ -297,7 +340,7 @@ fn a_check_redis_does_not_answer_in_time_is_given_up_and_tried_again() {
 #[test]
 fn lost_tracking_keeps_reservations_spendable_until_they_can_be_checked() {
     let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false);
+    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
     l.unverify_all();
     assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "Redis away: what it counted is spent");
     l.verify_unverified(0, |_, _| false);
@@ -322,7 +365,7 @@ fn a_held_reservation_is_not_replaced_and_an_expired_one_goes_back_before_the_ne
     for t in 0..5 {
         l.want(&a, LeaseSize::Auto, 1000, false, t);
     }
-    l.granted(&a, grant(5), 0, 0, 0, false);
+    l.granted(&a, grant(5), 0, 0, 0, false, false);
     l.changed(3, KEY, 0);
     l.checks(3, KEY, true, 0, |_| {});
     // Not spent (its key was found gone): decided exactly, asking for nothing (a gcra
@@ -343,7 +386,7 @@ fn the_table_is_bounded_and_new_keys_beyond_it_are_exact() {
     l.want(&ask(b"b", 1), LeaseSize::Auto, 1000, false, 0);
     assert_eq!(l.want(&ask(b"c", 1), LeaseSize::Fixed(9), 1000, false, 0), 0);
     // A grant for a key that found no room goes straight back.
-    let back = l.granted(&ask(b"c", 1), grant(5), 0, 0, 0, false).unwrap();
+    let back = l.granted(&ask(b"c", 1), grant(5), 0, 0, 0, false, false).unwrap();
     assert_eq!(back.units, 5);
     assert_eq!(l.len(), 2);
     // Idle keys leave after two lives, making room, swept every 100 ms as the timer does.

@@ -108,7 +108,9 @@ impl Leases {
         for e in self.map.values_mut() {
             let Some(h) = e.held.as_mut() else { continue };
             if h.checking != Checking::No {
-                h.recheck = true;
+                // As for a change not of this worker: another check after the one on its way,
+                // nothing spent until it answers.
+                (h.recheck, h.recheck_suspect, h.suspect) = (true, true, true);
             } else if track(stored_zone(&e.key), stored_key(&e.key)) {
                 (h.suspect, h.checking, h.checking_since) = (true, Checking::Tracking, now);
             } else {

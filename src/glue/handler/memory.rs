@@ -183,11 +183,13 @@ pub(super) fn keep_reservations(ctx: &Ctx, mcf: &MainConf, d: &mut Decision) {
         if grant.units == 0 || z.lease.is_none() {
             continue;
         }
-        if !giveback::track(mcf, z.zone, &z.key.parts()) {
+        let tracked = giveback::track(mcf, z.zone, &z.key.parts());
+        if !tracked {
             grant.life_ms = grant.life_ms.min(UNTRACKED_DENIAL_MS);
         }
         let log = mcf.zones[z.zone].algorithm == Algorithm::SlidingLog;
-        let old = leases.granted(&z.ask(), grant, ctx.started as u64, v.remaining, v.reset_ms, log);
+        let (started, remaining, reset_ms) = (ctx.started as u64, v.remaining, v.reset_ms);
+        let old = leases.granted(&z.ask(), grant, started, remaining, reset_ms, log, tracked);
         mcf.metrics.get().lease(z.zone, LeaseEvent::Reserved, grant.units);
         // What this worker may still admit includes what it now holds.
         v.remaining += grant.units;
