@@ -279,17 +279,28 @@ fn a_reservation_is_checked_once_its_keys_tracking_is_renewed_after_the_grant() 
     assert!(l.try_spend([ask(b"k", 1)], 2).is_some(), "and during the check");
     assert!(!l.checked(KEY, c, Some(false), 3));
     assert_eq!(l.try_spend([ask(b"k", 1)], 3), None, "of an older life: dropped");
-    // A change told of after the grant (the decision's own write, or a reset right after it)
-    // is checked after the check on its way, nothing spent until then.
+    // A change told of after the grant, before the renewal answered (the decision's own write,
+    // or a reset right after it): the tracking it ended is renewed again, and the check, sent
+    // when a renewal answers, reads the key after the change; nothing spent until it answers.
     l.answered(&ask(b"k", 5), 10);
     l.granted(&ask(b"k", 1), grant(5), 10, 0, 0, false, true);
-    assert!(l.changed(3, KEY, 11).is_none(), "a check on its way: another after it");
+    assert!(l.changed(3, KEY, 11).is_some(), "renewed again");
     assert_eq!(l.try_spend([ask(b"k", 1)], 11), None, "not taken for the decision's own write");
-    let first = check_of(&mut l, false);
-    assert!(l.checked(KEY, first, Some(true), 12), "the key's tracking to renew again");
-    let again = check_of(&mut l, false);
-    assert!(!l.checked(KEY, again, Some(true), 13));
+    let c = check_of(&mut l, false);
+    assert!(!l.checked(KEY, c, Some(true), 13), "that check read the key after the change");
     assert!(l.try_spend([ask(b"k", 1)], 13).is_some(), "of the key's life: spent again");
+    // So is a flush.
+    l.granted(&ask(b"k", 1), Grant { rid: 8, ..grant(5) }, 20, 0, 0, false, true);
+    let mut renewed = 0;
+    l.suspect_all(21, |_, _| {
+        renewed += 1;
+        true
+    });
+    assert_eq!(renewed, 1);
+    assert_eq!(l.try_spend([ask(b"k", 1)], 21), None);
+    let c = check_of(&mut l, false);
+    assert!(!l.checked(KEY, c, Some(true), 23));
+    assert!(l.try_spend([ask(b"k", 1)], 23).is_some());
 }
 
 #[test]

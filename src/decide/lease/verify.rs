@@ -24,16 +24,20 @@ impl Leases {
     /// reservation stopped at each would hardly be spent (each stop sends a decision, whose
     /// write tells of the next change); a reset at that very moment is then found within the
     /// check's two round trips. Returns a zone of the key whose tracking is to be renewed
-    /// (`EXISTS`, on that zone's backend), which starts the check; `None` when none is: a change
-    /// heard during a check asks for another after it, and stops the spending until then unless
-    /// it is most likely this worker's own.
+    /// (`EXISTS`, on that zone's backend), which starts the check (or, while a check waits for
+    /// a renewal, renews the tracking again: the check reads the key after the change); `None`
+    /// when none is: a change heard once the check is sent asks for another after it, and stops
+    /// the spending until then unless it is most likely this worker's own.
     pub fn changed(&mut self, zones: usize, key: &[u8], now: u64) -> Option<usize> {
         let mut track = None;
         for zone in 0..zones {
             let Some(e) = self.entry(&TableKey::new(zone, &[key])) else { continue };
             let own = e.wrote.take().is_some_and(|at| now.saturating_sub(at) <= OWN_WRITE_MS);
             let Some(h) = e.held.as_mut() else { continue };
-            if h.checking == Checking::No {
+            if h.checking != Checking::Rid {
+                // The write ended the key's tracking: renewed again. A check not sent yet goes
+                // when a renewal answers, after this change was heard: it reads the key after
+                // the change.
                 (h.checking, h.checking_since) = (Checking::Tracking, now);
                 h.suspect |= !own;
                 track = Some(zone);
@@ -107,7 +111,7 @@ impl Leases {
     pub fn suspect_all(&mut self, now: u64, mut track: impl FnMut(usize, &[u8]) -> bool) {
         for e in self.map.values_mut() {
             let Some(h) = e.held.as_mut() else { continue };
-            if h.checking != Checking::No {
+            if h.checking == Checking::Rid {
                 // As for a change not of this worker: another check after the one on its way,
                 // nothing spent until it answers.
                 (h.recheck, h.recheck_suspect, h.suspect) = (true, true, true);
