@@ -15,7 +15,8 @@
 # - the regional Redis SIGSTOPped: q alone stays exact and answers at once; a
 #   location with both follows ratelimit_fail for r only (open: q decides and
 #   counts; closed: 503 and q's units given back, a unit counted for at most the timeout plus a give-back's round trip (watched every 2 ms); local: r decided by the
-#   worker, q by Redis); the log names the backend
+#   worker, q by Redis); the log names the backend; a zone with settle= on the
+#   default backend is settled when r fails open or is decided locally
 # - a reload renames the backend (regional -> eu): the keys stay where they were
 # - the default a single server and name=global a Cluster: keys land on the
 #   right node, give-backs reach the Cluster
@@ -63,6 +64,7 @@ my $zones = <<'EOF';
     ratelimit_zone dq2 key=$arg_k limit=100 window=1m;
     ratelimit_zone sq  key=$arg_a limit=100 window=1m;
     ratelimit_zone sr  key=$arg_b limit=100 window=1m redis=regional;
+    ratelimit_zone qs  key=$arg_k limit=100 window=1m;
 EOF
 my $config = <<'EOF';
     add_header X-RL $ratelimit_status always;
@@ -72,6 +74,8 @@ my $config = <<'EOF';
     location = /qrs    { ratelimit q; ratelimit rs; }
     location = /closed { ratelimit q; ratelimit r; ratelimit_fail closed; }
     location = /local  { ratelimit q; ratelimit r; ratelimit_fail local; }
+    location = /bothset  { ratelimit qs cost=10 settle=$arg_used; ratelimit r; }
+    location = /localset { ratelimit qs cost=10 settle=$arg_used; ratelimit r; ratelimit_fail local; }
     location = /dq     { ratelimit dq; }
     location = /dr     { ratelimit dr; }
     location = /dboth  { ratelimit dq2; ratelimit dr; }
@@ -221,6 +225,14 @@ check_metrics('regional');
     cmp_ok($slowest, '<', 1.0 * $SLOW, sprintf('both, fail open: each within the regional timeout (300 ms; slowest %.3f s)', $slowest));
     note('both, fail open: ' . join ' ', map { sprintf '%s(%.3fs)', rl($_), $_->{elapsed} } @res);
     is(dcmd('ZCARD', 'rl:q:s2'), 3, 'both, fail open: q counted the 3 admitted');
+
+    # settle= in a zone of the backend that answered: settled as when both answer.
+    for my $how (['bothset', 'FAILED_OPEN'], ['localset', 'PASSED_LOCAL']) {
+        my ($loc, $status) = @$how;
+        is(rl(http_get("/$loc?k=s6$loc&used=3")), $status, "$loc: admitted $status");
+        ok(wait_until(5 * $SLOW, sub { dcmd('ZCARD', "rl:qs:s6$loc") == 3 }, 0.05),
+            "$loc: q's key settled to the 3 units used, not the estimate of 10");
+    }
 
     # fail closed: 503, and q's units given back (its count does not grow).
     @res = map { http_get('/closed?k=s3') } 1 .. 4;

@@ -50,9 +50,15 @@ unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
 }
 
 /// Settles each zone with `settle=` the request was placed in: once (the request's context is
-/// found again after an internal redirect, and the log phase runs once per main request).
+/// found again after an internal redirect, and the log phase runs once per main request). An
+/// admitted request whose other backend failed (`FAILED_OPEN`, `PASSED_LOCAL`) is settled in
+/// the zones a backend that answered placed it in.
 unsafe fn settle_request(ctx: &mut Ctx) {
-    if !matches!(ctx.status, Status::Passed | Status::Delayed) || ctx.settled.is_some() {
+    let admitted = matches!(
+        ctx.status,
+        Status::Passed | Status::Delayed | Status::FailedOpen | Status::PassedLocal
+    );
+    if !admitted || ctx.settled.is_some() {
         return;
     }
     let r = ctx.r;
