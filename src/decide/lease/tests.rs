@@ -231,39 +231,39 @@ fn a_change_heard_during_a_check_is_checked_after_it() {
 }
 
 #[test]
-fn a_reset_heard_during_the_check_of_an_own_write_stops_the_spending() {
+fn a_reset_or_a_flush_heard_during_the_check_of_an_own_write_stops_the_spending() {
     // t/450's trace: this worker's own write is being checked (spent meanwhile) when another
-    // gateway's reset is heard; the check on its way may have run before the reset.
-    let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
-    l.answered(&ask(b"k", 5), 0);
-    assert!(l.changed(3, KEY, 10).is_some());
-    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "its own write: spent during the check");
-    let first = check_of(&mut l, false);
-    assert!(l.changed(3, KEY, 300).is_none(), "a change during the check: checked after it");
-    assert_eq!(l.try_spend([ask(b"k", 1)], 300), None, "someone else's: not spent meanwhile");
-    assert!(l.checked(KEY, first, Some(true), 300), "the first check ran before the reset");
-    assert_eq!(l.try_spend([ask(b"k", 1)], 300), None, "still not spent: the next check decides");
-    let again = check_of(&mut l, false);
-    assert!(!l.checked(KEY, again, Some(true), 310));
-    assert!(l.try_spend([ask(b"k", 1)], 310).is_some(), "of the key's life after all: spent again");
-}
-
-#[test]
-fn a_flush_heard_during_the_check_of_an_own_write_stops_the_spending() {
-    let mut l = Leases::new(10, 0);
-    l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
-    l.answered(&ask(b"k", 5), 0);
-    assert!(l.changed(3, KEY, 10).is_some());
-    assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "its own write: spent during the check");
-    let first = check_of(&mut l, false);
-    l.suspect_all(20, |_, _| panic!("a check is on its way: the next one follows it"));
-    assert_eq!(l.try_spend([ask(b"k", 1)], 20), None, "a flush is never this worker's own");
-    assert!(l.checked(KEY, first, Some(true), 30), "the first check ran before the flush");
-    assert_eq!(l.try_spend([ask(b"k", 1)], 30), None, "not spent until the next check answers");
-    let again = check_of(&mut l, false);
-    assert!(!l.checked(KEY, again, Some(false), 40));
-    assert_eq!(l.try_spend([ask(b"k", 1)], 40), None);
+    // gateway's reset is heard (or a flush); the check on its way may have run before it.
+    for flush in [false, true] {
+        let mut l = Leases::new(10, 0);
+        l.granted(&ask(b"k", 1), grant(5), 0, 0, 0, false, false);
+        l.answered(&ask(b"k", 5), 0);
+        assert!(l.changed(3, KEY, 10).is_some());
+        assert!(l.try_spend([ask(b"k", 1)], 10).is_some(), "its own write: spent during the check");
+        let first = check_of(&mut l, false);
+        if flush {
+            l.suspect_all(300, |_, _| panic!("a check on its way: the next one follows it"));
+        } else {
+            assert!(
+                l.changed(3, KEY, 300).is_none(),
+                "a change during the check: checked after it"
+            );
+        }
+        // A flush is never this worker's own.
+        assert_eq!(l.try_spend([ask(b"k", 1)], 300), None, "someone else's: not spent meanwhile");
+        assert!(l.checked(KEY, first, Some(true), 300), "the first check ran before the reset");
+        assert_eq!(
+            l.try_spend([ask(b"k", 1)], 300),
+            None,
+            "still not spent: the next check decides"
+        );
+        let again = check_of(&mut l, false);
+        assert!(!l.checked(KEY, again, Some(true), 310));
+        assert!(
+            l.try_spend([ask(b"k", 1)], 310).is_some(),
+            "of the key's life after all: spent again"
+        );
+    }
 }
 
 #[test]
